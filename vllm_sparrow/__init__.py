@@ -1,0 +1,11 @@
+"""vllm-sparrow: Sparrow speculative decoding for video LLMs, as a vLLM plugin.
+
+The paper's parts live in separate places:
+  draft model and its text-only window cache: model.py, window.py, attention.py, drafter.py
+  training (capture, IVSB, MTP):               training/ (own issue)
+  the vLLM glue:                               proposer.py, patches.py, plugin.py
+Importing this package touches neither vLLM nor CUDA.
+"""
+
+__version__ = "0.1.0"
+SUPPORTED_VLLM_VERSION = "0.32.0"

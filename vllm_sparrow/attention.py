@@ -1,0 +1,84 @@
+"""Text-anchored window attention over the paged text-only cache.
+
+One interface, `WindowAttentionBackend.write_and_attend`, with a plain torch implementation
+that runs on every device (the reference for the Triton kernels, which plug in behind the same
+interface on CUDA). Choice: SPARROW_ATTENTION_BACKEND=torch|triton overrides the default.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from .window import TextKVCache, WindowSpec
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive query rows of one request, at text indices q_lo .. q_hi-1."""
+
+    req_id: str
+    q_lo: int
+    q_hi: int
+
+    @property
+    def length(self) -> int:
+        return self.q_hi - self.q_lo
+
+
+class WindowAttentionBackend(Protocol):
+    name: str
+
+    def write_and_attend(
+        self,
+        cache: TextKVCache,
+        spec: WindowSpec,
+        segments: list[Segment],
+        q: torch.Tensor,  # [N, heads, head_dim], rows ordered by segment
+        k: torch.Tensor,  # [N, kv_heads, head_dim]
+        v: torch.Tensor,  # [N, kv_heads, head_dim]
+    ) -> torch.Tensor:  # [N, heads, head_dim]
+        ...
+
+
+class TorchWindowAttention:
+    """Gathers each request's window from the pages and runs masked SDPA per request."""
+
+    name = "torch"
+
+    def write_and_attend(self, cache, spec, segments, q, k, v):
+        slots = torch.cat([cache.slots(s.req_id, torch.arange(s.q_lo, s.q_hi)) for s in segments])
+        cache.write(slots, k, v)
+        out = torch.empty_like(q)
+        row = 0
+        group = q.shape[1] // k.shape[1]
+        for s in segments:
+            k_idx = spec.key_indices(s.q_lo, s.q_hi)  # [L]
+            keys, values = cache.read(cache.slots(s.req_id, k_idx))  # [L, kv_heads, head_dim]
+            q_idx = torch.arange(s.q_lo, s.q_hi)
+            mask = spec.mask(q_idx, k_idx).to(q.device)  # [n, L]
+            qs = q[row : row + s.length].transpose(0, 1)  # [heads, n, head_dim]
+            ks = keys.to(q.dtype).repeat_interleave(group, dim=1).transpose(0, 1)
+            vs = values.to(q.dtype).repeat_interleave(group, dim=1).transpose(0, 1)
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)  # [heads, n, head_dim]
+            out[row : row + s.length] = o.transpose(0, 1)
+            row += s.length
+        return out
+
+
+def select_backend(device: torch.device) -> WindowAttentionBackend:
+    choice = os.environ.get("SPARROW_ATTENTION_BACKEND", "").strip().lower()
+    if choice not in ("", "torch", "triton"):
+        raise ValueError(
+            f"SPARROW_ATTENTION_BACKEND={choice!r}: use 'torch' or 'triton' (or leave it unset)"
+        )
+    if choice == "triton":
+        raise ValueError(
+            "SPARROW_ATTENTION_BACKEND=triton: the Triton kernels are not part of this build yet; "
+            "unset the variable to use the torch path."
+        )
+    return TorchWindowAttention()

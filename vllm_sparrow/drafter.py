@@ -13,6 +13,7 @@ chaining are written past the committed end and overwritten by the next step.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -67,6 +68,8 @@ class SparrowDrafter:
         )
         self.visual_ids = torch.tensor(sorted(visual_token_ids), dtype=torch.long, device=device)
         self.states: dict[str, _RequestState] = {}
+        # Largest draft-cache footprint each recent request reached (bytes), for metrics/tests.
+        self.peak_request_bytes: OrderedDict[str, int] = OrderedDict()
 
     # ---- request lifecycle ---------------------------------------------------------
     def release(self, req_ids) -> None:
@@ -110,6 +113,7 @@ class SparrowDrafter:
         B = len(batch.req_ids)
         draft_ids = torch.zeros(B, num_draft, dtype=torch.long, device=batch.next_token.device)
         if not segments:
+            self._after_step(batch.req_ids)
             return draft_ids, None
         y = self._forward(torch.cat(hidden_parts), torch.cat(token_parts), segments)
         ends = torch.tensor([s.length for s in segments], device=y.device).cumsum(0) - 1
@@ -118,9 +122,17 @@ class SparrowDrafter:
         if drafting and num_draft > 0:
             last = y[ends[[seg for _, seg in drafting]]]  # [R, hidden]
             draft_ids[rows], probs_out = self._chain(last, [segments[s] for _, s in drafting], rows, num_draft, sample, B)
-        for req_id in batch.req_ids:
-            self.cache.trim(req_id, self.spec, self.states[req_id].committed)
+        self._after_step(batch.req_ids)
         return draft_ids, probs_out
+
+    def _after_step(self, req_ids: list[str]) -> None:
+        for req_id in req_ids:
+            used = self.cache.bytes_in_use(req_id)
+            self.cache.trim(req_id, self.spec, self.states[req_id].committed)
+            peak = max(used, self.peak_request_bytes.pop(req_id, 0))
+            self.peak_request_bytes[req_id] = peak
+        while len(self.peak_request_bytes) > 4096:
+            self.peak_request_bytes.popitem(last=False)
 
     def _commit_entries(self, batch: StepBatch, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This step's committed entries of request i: (hidden [n, H], following token [n])."""
@@ -175,5 +187,11 @@ class SparrowDrafter:
         return out_ids, full
 
     # ---- accounting ----------------------------------------------------------------
-    def cache_bytes(self, req_id: str | None = None) -> int:
-        return self.cache.bytes_in_use(req_id)
+    def stats(self) -> dict:
+        return {
+            "live_requests": sorted(self.states),
+            "blocks_in_use": self.cache.blocks_in_use(),
+            "pool_blocks": self.cache.num_blocks,
+            "bytes_per_block": self.cache.bytes_per_block(),
+            "peak_request_bytes": dict(self.peak_request_bytes),
+        }

@@ -16,6 +16,9 @@ its own proposer object and its own text-only cache; vLLM allocates no draft KV 
   runner-release-requests     GPUModelRunner._update_states tells the drafter which requests
                               finished, were aborted or preempted, so their blocks are freed
   speculators-algo            the speculators config registry knows "sparrow" checkpoints
+  cpu-kernel-overrides-once   (CPU only) CpuPlatform.register_triton_kernel_overrides runs once
+                              per process: upstream re-registration fails for a second engine
+                              in one process after a speculative one
   draft-architecture          ModelRegistry knows the draft's architecture name, so vLLM's
                               ModelConfig accepts the draft directory (SparrowProposer loads it)
 """
@@ -91,6 +94,7 @@ def apply_patches() -> None:
     _patch_runner_release()
     _register_speculators_algo()
     _register_draft_architecture()
+    _patch_cpu_kernel_overrides()
     logger.info("vllm-sparrow: %d vLLM patches applied: %s", len(APPLIED), ", ".join(APPLIED))
 
 
@@ -215,3 +219,24 @@ def _register_draft_architecture() -> None:
         raise RuntimeError(f"vllm-sparrow: architecture {DRAFT_ARCHITECTURE} registered twice")
     ModelRegistry.register_model(DRAFT_ARCHITECTURE, "vllm_sparrow.model:SparrowDraftModel")
     APPLIED["draft-architecture"] = Patch("draft-architecture", ModelRegistry, DRAFT_ARCHITECTURE, None)
+
+
+def _patch_cpu_kernel_overrides() -> None:
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    cls = type(current_platform)
+
+    def make(original):
+        done = []
+
+        @functools.wraps(original)
+        def register_once() -> None:
+            if not done:
+                original()
+                done.append(True)
+
+        return classmethod(lambda _cls: register_once())
+
+    _patch("cpu-kernel-overrides-once", cls, "register_triton_kernel_overrides", make)

@@ -47,7 +47,7 @@ def load_hf_target(target_dir: str):
     return auto.from_pretrained(target_dir, dtype=torch.float32).eval()
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def greedy_streams(hf_model, prompts: list[list[int]], max_new_tokens: int):
     """Target's greedy continuation of each (text-only) prompt, with its final hidden states."""
     streams = []
@@ -57,7 +57,7 @@ def greedy_streams(hf_model, prompts: list[list[int]], max_new_tokens: int):
                                 do_sample=False, pad_token_id=0)
         seq = out[0]  # [n]
         hidden = hf_model(input_ids=seq[None], output_hidden_states=True).hidden_states[-1][0]  # [n, H]
-        streams.append((seq, hidden.float()))
+        streams.append((seq.clone(), hidden.float().clone()))
     return streams
 
 

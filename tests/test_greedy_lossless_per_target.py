@@ -1,0 +1,93 @@
+"""Greedy outputs with sparrow equal outputs without speculation, token for token, on one batch
+that mixes long and short videos, an image and text-only prompts; vLLM's spec-decode counters
+agree with the outputs, and the draft cache does not grow with video length."""
+
+import numpy as np
+import pytest
+from conftest import TRAINED_TEXTS, close_llm, make_llm
+from vllm import SamplingParams
+
+from vllm_sparrow.testing.engine import drafter_stats, peak_bytes_by_request, spec_counters
+from vllm_sparrow.testing.tiny_targets import make_prompt
+
+K = 3
+MAX_TOKENS = 40
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+# LLaVA-OneVision in vLLM 0.32 cannot batch videos of different frame counts (upstream bug in
+# embed_multimodal); its batch mixes lengths through the image and text prompts instead.
+FRAMES = {"qwen2_5_vl": (64, 4), "llava_onevision": (8, 8)}
+QUESTION = "describe the video"
+
+
+def _requests(kind, target, clips):
+    long_f, short_f = FRAMES[kind]
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 255, (112, 112, 3), dtype=np.uint8)
+    from PIL import Image
+
+    reqs = [
+        {"prompt": make_prompt(kind, target, QUESTION, "video"), "multi_modal_data": {"video": clips(long_f)}},
+        {"prompt": make_prompt(kind, target, QUESTION, "video"), "multi_modal_data": {"video": clips(short_f)}},
+        {"prompt": make_prompt(kind, target, "what is in the picture", "image"),
+         "multi_modal_data": {"image": Image.fromarray(image)}},
+    ]
+    reqs += [{"prompt": make_prompt(kind, target, t, None)} for t in TRAINED_TEXTS]
+    return reqs
+
+
+@pytest.fixture(scope="module", params=sorted(FRAMES))
+def case(request, target_dirs, trained_drafts, clips):
+    kind = request.param
+    target, draft = target_dirs(kind), trained_drafts(kind)
+    reqs = _requests(kind, target, clips)
+    base = make_llm(target)  # the plain engine first: upstream needs that order in one process
+    reference = [list(o.outputs[0].token_ids) for o in base.generate(reqs, GREEDY)]
+    close_llm(base)
+    llm = make_llm(target, disable_log_stats=False,
+                   speculative_config={"method": "sparrow", "model": str(draft), "num_speculative_tokens": K})
+    outputs = llm.generate(reqs, GREEDY)
+    yield kind, reference, outputs, llm
+    close_llm(llm)
+
+
+def test_greedy_outputs_equal_target_outputs(case):
+    kind, reference, outputs, _ = case
+    for i, (ref, out) in enumerate(zip(reference, outputs)):
+        assert list(out.outputs[0].token_ids) == ref, f"{kind}: request {i} differs"
+
+
+def test_spec_decode_counters_agree_with_outputs(case):
+    kind, _, outputs, llm = case
+    c = spec_counters(llm)
+    n = len(outputs)
+    produced = sum(len(o.outputs[0].token_ids) for o in outputs)
+    assert c["num_draft_tokens"] == K * c["num_drafts"]
+    assert sum(c["per_pos"]) == c["num_accepted_tokens"]
+    assert all(a >= b for a, b in zip(c["per_pos"], c["per_pos"][1:])), "acceptance must fall with depth"
+    # every verify step yields accepted + 1 tokens, the prefill one more per request; a
+    # request's last step may overshoot max_tokens by at most K tokens that are dropped.
+    upper = n + c["num_drafts"] + c["num_accepted_tokens"]
+    assert upper - n * K <= produced <= upper
+    # the distilled draft really drafts: text prompts it was trained on accept tokens
+    assert c["num_accepted_tokens"] > 0.2 * MAX_TOKENS * len(TRAINED_TEXTS)
+
+
+def test_draft_cache_does_not_grow_with_video_length(case):
+    kind, _, outputs, llm = case
+    long_req, short_req = outputs[0], outputs[1]
+    long_n, short_n = len(long_req.prompt_token_ids), len(short_req.prompt_token_ids)
+    peaks = peak_bytes_by_request(llm)
+    if FRAMES[kind][0] != FRAMES[kind][1]:
+        assert long_n > 5 * short_n, "the long video must add many visual tokens"
+    assert peaks[long_req.request_id] == peaks[short_req.request_id] > 0
+
+
+def test_finished_requests_give_back_every_draft_block(case):
+    kind, _, outputs, llm = case
+    # vLLM tells workers about finished requests with the next step: run one more request.
+    follow_up = llm.generate([outputs[-1].prompt], SamplingParams(max_tokens=1))[0]
+    stats = drafter_stats(llm)
+    live = [r.rsplit("-", 1)[0] for r in stats["live_requests"]]
+    assert live in ([], [follow_up.request_id])
+    per_request = stats["blocks_in_use"] * stats["bytes_per_block"]
+    assert per_request <= max(peak_bytes_by_request(llm).values())

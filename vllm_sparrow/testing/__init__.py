@@ -1,0 +1,1 @@
+"""Test helpers for vllm-sparrow: tiny offline target models and fixtures."""

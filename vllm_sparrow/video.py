@@ -1,0 +1,218 @@
+"""Video helpers on PyAV: a synthetic test clip writer and a uniform-sampling decoder.
+
+``decode_video`` returns ``(frames, metadata)`` in the form vLLM 0.32 takes offline::
+
+    frames, meta = decode_video("clip.mp4", num_frames=8)   # frames: (T, H, W, 3) uint8 RGB
+    llm.generate({"prompt": prompt, "multi_modal_data": {"video": (frames, meta)}})
+
+The metadata keys are the ones vLLM's own video loader produces (``create_hf_metadata``) and
+Qwen2.5-VL / Qwen3-VL require: ``total_num_frames``, ``fps``, ``duration``, ``video_backend``,
+``frames_indices``, ``do_sample_frames``. vLLM turns all but ``do_sample_frames`` into a
+``transformers.VideoMetadata``, so no other key may be added.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["VideoDecodeError", "decode_video", "sample_frame_indices", "write_synthetic_clip"]
+
+
+class VideoDecodeError(ValueError):
+    """A file could not be read as a video; the message names the file and a next step."""
+
+
+def write_synthetic_clip(
+    path: str | Path,
+    num_frames: int,
+    width: int = 112,
+    height: int = 112,
+    fps: float = 4.0,
+    seed: int = 0,
+) -> Path:
+    """Encode ``num_frames`` of coloured squares moving over a plain background (H.264 mp4).
+
+    The same arguments give the same pixels (the squares' colours, sizes, starts and
+    velocities come from ``seed``); the encoded bytes may differ across libx264 builds.
+    """
+    import av
+
+    if num_frames < 1:
+        raise ValueError(f"num_frames must be >= 1, got {num_frames}")
+    if width % 2 or height % 2:  # yuv420p halves chroma resolution: odd sizes are rejected
+        raise ValueError(f"width and height must be even for yuv420p, got {width}x{height}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frames = _synthetic_frames(num_frames, width, height, seed)  # (T, H, W, 3) uint8
+
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        # crf 10: near-lossless, so decoded frames stay close to the drawn ones in tests.
+        stream.options = {"crf": "10", "preset": "veryfast"}
+        for rgb in frames:
+            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())  # flush the encoder's delayed frames
+    return path
+
+
+def _synthetic_frames(num_frames: int, width: int, height: int, seed: int) -> np.ndarray:
+    """(T, H, W, 3) uint8: 3 squares that bounce off the borders, over a seeded background."""
+    rng = np.random.default_rng(seed)
+    background = rng.integers(0, 96, size=3, dtype=np.uint8)  # dark, so squares stand out
+    n_squares = 3
+    short = min(width, height)
+    sides = rng.integers(max(4, short // 8), max(5, short // 3), n_squares)  # (S,)
+    colours = rng.integers(128, 256, size=(n_squares, 3), dtype=np.uint8)  # (S, 3) bright RGB
+    room = np.array([width, height]) - sides[:, None]  # (S, 2): free travel along x, y
+    starts = rng.uniform(0, 1, size=(n_squares, 2)) * room  # (S, 2) x, y in pixels
+    speeds = rng.uniform(2, 8, size=(n_squares, 2)) * rng.choice([-1, 1], size=(n_squares, 2))
+
+    frames = np.empty((num_frames, height, width, 3), dtype=np.uint8)
+    for t in range(num_frames):
+        frames[t] = background
+        for s in range(n_squares):
+            x, y = (_bounce(starts[s, i] + speeds[s, i] * t, room[s, i]) for i in range(2))
+            frames[t, y : y + sides[s], x : x + sides[s]] = colours[s]
+    return frames
+
+
+def _bounce(position: float, room: int) -> int:
+    """Fold a straight-line position into [0, room] as if it bounced off both walls."""
+    if room <= 0:
+        return 0
+    folded = position % (2 * room)
+    return int(room - abs(folded - room) if folded > room else folded)
+
+
+def sample_frame_indices(
+    total_num_frames: int,
+    duration: float,
+    num_frames: int | None = None,
+    fps: float | None = None,
+) -> list[int]:
+    """Uniform frame indices, exactly as vLLM's default ``opencv`` video loader picks them.
+
+    The smallest of ``total_num_frames``, ``num_frames`` and ``floor(duration * fps)`` wins
+    (at least 1); if that is every frame, all indices are kept in order.
+    """
+    count = total_num_frames
+    if num_frames is not None and num_frames > 0:
+        count = min(count, num_frames)
+    if fps is not None and fps > 0:
+        count = min(count, int(np.floor(duration * fps)))
+    count = max(1, count)
+    if count == total_num_frames:
+        return list(range(total_num_frames))
+    return np.linspace(0, total_num_frames - 1, count, dtype=int).tolist()
+
+
+def decode_video(
+    path: str | Path,
+    num_frames: int | None = None,
+    fps: float | None = None,
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Decode uniformly sampled RGB frames and the metadata vLLM's Qwen-VL processors need.
+
+    ``num_frames`` caps the frame count, ``fps`` caps the sampling rate (both optional; with
+    neither, every frame is returned). Returns ``frames`` of shape (T, H, W, 3) uint8 and
+    ``metadata`` (see the module docstring). Raises ``VideoDecodeError`` for a missing,
+    empty, corrupt or non-video file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise VideoDecodeError(f"{path}: no such file (or not a file); check the path")
+    total, src_fps, duration = _guarded(path, _probe)
+    wanted = sample_frame_indices(total, duration, num_frames, fps)
+    frames, kept, seen = _guarded(path, _decode_indices, wanted)
+    if len(kept) < len(wanted) and seen > 0:
+        # The (estimated) frame count overshot the real one: resample over the real count.
+        total = seen
+        wanted = sample_frame_indices(total, duration, num_frames, fps)
+        frames, kept, seen = _guarded(path, _decode_indices, wanted)
+
+    if not kept:
+        raise VideoDecodeError(f"{path}: the video stream has no decodable frame; re-encode it")
+    metadata = {
+        "total_num_frames": total,
+        "fps": src_fps,  # the source rate: HF derives timestamps as index / fps
+        "duration": duration,
+        "video_backend": "pyav",
+        "frames_indices": kept,  # source index of each returned frame
+        # The frames are already sampled: tell the HF processors not to resample them
+        # (Qwen3-VL would otherwise re-pick frames at its own 2 fps).
+        "do_sample_frames": False,
+    }
+    return np.stack(frames), metadata
+
+
+def _guarded(path: Path, read: Any, *args: Any) -> Any:
+    """Call ``read(container, path, *args)`` on a freshly opened file.
+
+    Any PyAV/FFmpeg failure (not a media file, truncated, bad codec data) becomes a
+    ``VideoDecodeError`` naming the file and a fix.
+    """
+    import av
+
+    try:
+        with av.open(str(path)) as container:
+            return read(container, path, *args)
+    except VideoDecodeError:
+        raise
+    except av.FFmpegError as err:  # PyAV's base error for open/demux/decode
+        raise VideoDecodeError(
+            f"{path}: cannot decode as video ({type(err).__name__}: {err}); "
+            "re-encode it, e.g. `ffmpeg -i IN -c:v libx264 -pix_fmt yuv420p OUT.mp4`"
+        ) from err
+
+
+def _probe(container: Any, path: Path) -> tuple[int, float, float]:
+    """(total frames, source fps, duration s) of the first video stream."""
+    if not container.streams.video:
+        raise VideoDecodeError(f"{path}: the file has no video stream (audio only?); pass a video")
+    stream = container.streams.video[0]
+    rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+    src_fps = float(rate) if rate else 0.0
+    if stream.duration is not None and stream.time_base is not None:
+        duration = float(stream.duration * stream.time_base)
+    elif container.duration is not None:  # webm/mkv: only the container knows (in µs)
+        duration = container.duration / 1_000_000
+    else:
+        duration = 0.0
+    total = stream.frames
+    if total <= 0:  # webm/mkv headers carry no frame count: estimate it
+        total = round(duration * src_fps)
+    if total <= 0:
+        raise VideoDecodeError(
+            f"{path}: the video stream is empty or has no duration/fps (a still image?); "
+            "pass a real video or re-encode the file"
+        )
+    if src_fps <= 0 and duration > 0:
+        src_fps = total / duration
+    return total, src_fps, duration
+
+
+def _decode_indices(
+    container: Any, path: Path, wanted: list[int]
+) -> tuple[list[np.ndarray], list[int], int]:
+    """Decode in presentation order, keeping frames whose running index is in ``wanted``.
+
+    Returns (frames, their indices, frames seen). ``seen`` is the real frame count when the
+    stream ended before the last wanted index (an estimated count that overshot), else 0.
+    """
+    wanted_set, last = set(wanted), max(wanted)
+    frames: list[np.ndarray] = []  # each (H, W, 3) uint8
+    kept: list[int] = []
+    index = -1
+    for index, frame in enumerate(container.decode(video=0)):
+        if index in wanted_set:
+            frames.append(frame.to_ndarray(format="rgb24"))
+            kept.append(index)
+        if index >= last:
+            return frames, kept, 0
+    return frames, kept, index + 1

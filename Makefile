@@ -1,0 +1,43 @@
+# vllm-sparrow: `make test` / `make demo` build or reuse .venv (tools/setup_env.sh) first.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV := .venv
+PY   := $(VENV)/bin/python
+
+# Runtime environment for test and demo (override from the environment or the command line).
+VLLM_CPU_KVCACHE_SPACE ?= 1
+HF_HUB_OFFLINE         ?= 1
+TRANSFORMERS_OFFLINE   ?= 1
+PYTEST_ARGS            ?=
+DEMO_ARGS              ?=
+
+# Shell prefix for the test and demo recipes. Intel OpenMP (libiomp5.so, shipped in the venv by
+# the intel-openmp package on CPU) goes into LD_PRELOAD as vLLM's CPU backend asks; checked when
+# the recipe runs, i.e. after setup has made the venv.
+RUN_ENV = export VLLM_CPU_KVCACHE_SPACE='$(VLLM_CPU_KVCACHE_SPACE)' HF_HUB_OFFLINE='$(HF_HUB_OFFLINE)' \
+	TRANSFORMERS_OFFLINE='$(TRANSFORMERS_OFFLINE)'; \
+	iomp='$(CURDIR)/$(VENV)/lib/libiomp5.so'; \
+	if [[ -f "$$iomp" && ":$${LD_PRELOAD:-}:" != *":$$iomp:"* ]]; then \
+		export LD_PRELOAD="$$iomp$${LD_PRELOAD:+:$$LD_PRELOAD}"; \
+	fi;
+
+.PHONY: help setup test demo clean-venv
+
+help:
+	@echo "make setup       create/update .venv (tools/setup_env.sh; a no-op when up to date)"
+	@echo "make test        setup, then pytest -x -q tests   (PYTEST_ARGS='...' to add options)"
+	@echo "make demo        setup, then python -m vllm_sparrow.cli demo   (DEMO_ARGS='...')"
+	@echo "make clean-venv  remove .venv"
+
+setup:
+	bash tools/setup_env.sh
+
+test: setup
+	$(RUN_ENV) $(PY) -m pytest -x -q tests $(PYTEST_ARGS)
+
+demo: setup
+	$(RUN_ENV) $(PY) -m vllm_sparrow.cli demo $(DEMO_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

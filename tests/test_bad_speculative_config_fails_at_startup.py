@@ -1,0 +1,73 @@
+"""Each bad Sparrow speculative config fails at start-up with a message that says what to do."""
+
+import json
+import shutil
+
+import pytest
+from conftest import make_llm
+
+from vllm_sparrow.checkpoint import init_draft
+
+
+def _spec(draft, **kw):
+    return {"method": "sparrow", "model": str(draft), "num_speculative_tokens": 2, **kw}
+
+
+def _edit_config(draft_dir, edit):
+    path = draft_dir / "config.json"
+    cfg = json.loads(path.read_text())
+    edit(cfg)
+    path.write_text(json.dumps(cfg))
+
+
+@pytest.fixture(scope="module")
+def qwen(target_dirs):
+    return target_dirs("qwen2_5_vl")
+
+
+def test_missing_draft_directory(qwen, tmp_path):
+    with pytest.raises(Exception, match="does not exist.*sparrow init-draft|does not exist"):
+        make_llm(qwen, speculative_config=_spec(tmp_path / "nowhere"))
+
+
+def test_directory_without_sparrow_config(qwen, tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(Exception, match="no config.json"):
+        make_llm(qwen, speculative_config=_spec(tmp_path / "empty"))
+
+
+def test_draft_with_other_hidden_size(qwen, tmp_path):
+    draft = init_draft(qwen, tmp_path / "d")
+
+    def edit(cfg):
+        cfg["transformer_layer_config"]["hidden_size"] = 64
+        cfg["target_hidden_size"] = 64
+
+    _edit_config(draft, edit)
+    with pytest.raises(Exception, match="hidden states of size 64.*hidden size 128"):
+        make_llm(qwen, speculative_config=_spec(draft))
+
+
+def test_draft_with_other_vocabulary(qwen, tmp_path):
+    draft = init_draft(qwen, tmp_path / "d")
+    _edit_config(draft, lambda cfg: cfg["transformer_layer_config"].update(vocab_size=999))
+    with pytest.raises(Exception, match="vocabulary size 999.*must share a vocabulary"):
+        make_llm(qwen, speculative_config=_spec(draft))
+
+
+def test_unsupported_target_architecture(target_dirs, tmp_path):
+    llama = target_dirs("llama")
+    draft = init_draft(llama, tmp_path / "d")
+    other = tmp_path / "mistral"
+    shutil.copytree(llama, other)
+    _edit_config_file = other / "config.json"
+    cfg = json.loads(_edit_config_file.read_text())
+    cfg.update(architectures=["MistralForCausalLM"], model_type="mistral")
+    _edit_config_file.write_text(json.dumps(cfg))
+    with pytest.raises(Exception, match="does not support target architecture.*MistralForCausalLM"):
+        make_llm(other, speculative_config=_spec(draft))
+
+
+def test_unknown_method_is_still_rejected(qwen, tmp_path):
+    with pytest.raises(Exception, match="method"):
+        make_llm(qwen, speculative_config={"method": "sparrowz", "model": str(tmp_path), "num_speculative_tokens": 2})

@@ -1,0 +1,60 @@
+"""Under a tiny KV budget (forced preemptions and recomputes) and with aborts, sparrow stays
+lossless and every draft-cache block comes back."""
+
+from conftest import TRAINED_TEXTS, close_llm, make_llm
+from vllm import SamplingParams
+
+from vllm_sparrow.testing.engine import drafter_stats
+from vllm_sparrow.testing.tiny_targets import make_prompt
+
+KIND = "qwen2_5_vl"
+GREEDY = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)
+
+
+def _prompts(target):
+    texts = TRAINED_TEXTS + [f"{w} goes round and round {i}" for i, w in enumerate(
+        ["a green triangle", "the yellow dot", "one purple star", "two orange boxes", "a white line",
+         "the black circle", "many small squares", "a grey cloud", "a pink heart", "the last frame"])]
+    return [make_prompt(KIND, target, t, None) for t in texts]
+
+
+def _run(engine, prompts, abort=()):
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, GREEDY)
+    done, steps = {}, 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = list(out.outputs[0].token_ids)
+        steps += 1
+        if steps == 4 and abort:
+            engine.abort_request(list(abort))
+    return done
+
+
+def _preemptions(llm) -> int:
+    return int(sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"))
+
+
+def test_lossless_and_all_blocks_free_after_preemptions_and_aborts(target_dirs, trained_drafts):
+    target, draft = target_dirs(KIND), trained_drafts(KIND)
+    prompts = _prompts(target)
+    base = make_llm(target)
+    reference = _run(base.llm_engine, prompts)
+    close_llm(base)
+    llm = make_llm(target, max_model_len=256, num_gpu_blocks_override=9, block_size=32,
+                   max_num_batched_tokens=256, disable_log_stats=False,
+                   speculative_config={"method": "sparrow", "model": str(draft), "num_speculative_tokens": 3})
+    aborted = {"2", "5", "7"}
+    outputs = _run(llm.llm_engine, prompts, abort=aborted)
+    assert _preemptions(llm) > 0, "the KV budget must force preemptions"
+    for rid, tokens in outputs.items():
+        assert rid not in aborted
+        assert tokens == reference[rid], f"request {rid} differs after preemption/recompute"
+    assert set(outputs) == set(reference) - aborted
+    # vLLM tells workers about finished/aborted requests with the next step: run one more.
+    llm.generate([prompts[0]], SamplingParams(max_tokens=1))
+    stats = drafter_stats(llm)
+    assert len(stats["live_requests"]) <= 1
+    assert stats["blocks_in_use"] <= 2 * stats["pool_blocks"] and stats["blocks_in_use"] <= 4
+    close_llm(llm)

@@ -60,10 +60,7 @@ def test_unsupported_target_architecture(target_dirs, tmp_path):
     draft = init_draft(llama, tmp_path / "d")
     other = tmp_path / "mistral"
     shutil.copytree(llama, other)
-    _edit_config_file = other / "config.json"
-    cfg = json.loads(_edit_config_file.read_text())
-    cfg.update(architectures=["MistralForCausalLM"], model_type="mistral")
-    _edit_config_file.write_text(json.dumps(cfg))
+    _edit_config(other, lambda cfg: cfg.update(architectures=["MistralForCausalLM"], model_type="mistral"))
     with pytest.raises(Exception, match="does not support target architecture.*MistralForCausalLM"):
         make_llm(other, speculative_config=_spec(draft))
 

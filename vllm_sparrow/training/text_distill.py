@@ -94,6 +94,6 @@ def distill(draft: SparrowDraftModel, io, streams, cfg: DistillConfig) -> list[f
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
     draft.eval()
     return losses

@@ -19,6 +19,11 @@ its own proposer object and its own text-only cache; vLLM allocates no draft KV 
   cpu-kernel-overrides-once   (CPU only) CpuPlatform.register_triton_kernel_overrides runs once
                               per process: upstream re-registration fails for a second engine
                               in one process after a speculative one
+  cpu-expand-kernel-dtype     (CPU only) the C++ stand-in for the rejection sampler's
+                              expand_kernel casts its output to int64 and writes into that copy,
+                              so per-token temperatures (and top-k/top-p) at T > 0 were left
+                              uninitialised: every spec-decode run at T > 0 sampled from a wrong
+                              target distribution. Replaced by a dtype-preserving torch version.
   draft-architecture          ModelRegistry knows the draft's architecture name, so vLLM's
                               ModelConfig accepts the draft directory (SparrowProposer loads it)
 """
@@ -95,6 +100,7 @@ def apply_patches() -> None:
     _register_speculators_algo()
     _register_draft_architecture()
     _patch_cpu_kernel_overrides()
+    _patch_cpu_expand_kernel()
     logger.info("vllm-sparrow: %d vLLM patches applied: %s", len(APPLIED), ", ".join(APPLIED))
 
 
@@ -240,3 +246,33 @@ def _patch_cpu_kernel_overrides() -> None:
         return classmethod(lambda _cls: register_once())
 
     _patch("cpu-kernel-overrides-once", cls, "register_triton_kernel_overrides", make)
+
+
+def _patch_cpu_expand_kernel() -> None:
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.utils import cpu_triton_utils
+
+    # Upstream's register_triton_kernel_overrides reads this attribute when a worker starts,
+    # which is after the plugin loads, so the fixed version is the one registered.
+    _patch("cpu-expand-kernel-dtype", cpu_triton_utils, "_expand_kernel_impl",
+           lambda _original: expand_batch_values)
+
+
+def expand_batch_values(output, input_val, cu_num_tokens, replace_from, replace_to,
+                        MAX_NUM_TOKENS=None) -> None:  # noqa: N803 (the kernel's argument name)
+    """Write input_val[r] (replace_from -> replace_to) over request r's tokens, in place.
+
+    Same contract as vLLM's Triton expand_kernel: output [num_tokens], input_val [batch],
+    cu_num_tokens [batch] (inclusive cumulative token counts); output keeps its dtype.
+    """
+    import torch
+
+    replacement = torch.tensor(replace_to, dtype=input_val.dtype)
+    values = torch.where(input_val == replace_from, replacement, input_val)  # [batch]
+    ends = cu_num_tokens.to(torch.int64)  # [batch]
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))  # [batch]
+    expanded = values.repeat_interleave(counts)  # [num_tokens]
+    output[: expanded.numel()].copy_(expanded.to(output.dtype))

@@ -10,6 +10,7 @@ VLLM_CPU_KVCACHE_SPACE ?= 1
 HF_HUB_OFFLINE         ?= 1
 TRANSFORMERS_OFFLINE   ?= 1
 PYTEST_ARGS            ?=
+TESTS                  ?= tests
 DEMO_ARGS              ?=
 
 # Shell prefix for the test and demo recipes. Intel OpenMP (libiomp5.so, shipped in the venv by
@@ -26,7 +27,7 @@ RUN_ENV = export VLLM_CPU_KVCACHE_SPACE='$(VLLM_CPU_KVCACHE_SPACE)' HF_HUB_OFFLI
 
 help:
 	@echo "make setup       create/update .venv (tools/setup_env.sh; a no-op when up to date)"
-	@echo "make test        setup, then pytest -x -q tests   (PYTEST_ARGS='...' to add options)"
+	@echo "make test        setup, then pytest -x -q tests   (TESTS=tests/x.py, PYTEST_ARGS='...')"
 	@echo "make demo        setup, then python -m vllm_sparrow.cli demo   (DEMO_ARGS='...')"
 	@echo "make clean-venv  remove .venv"
 
@@ -34,7 +35,7 @@ setup:
 	bash tools/setup_env.sh
 
 test: setup
-	$(RUN_ENV) $(PY) -m pytest -x -q tests $(PYTEST_ARGS)
+	$(RUN_ENV) $(PY) -m pytest -x -q $(TESTS) $(PYTEST_ARGS)
 
 demo: setup
 	$(RUN_ENV) $(PY) -m vllm_sparrow.cli demo $(DEMO_ARGS)

@@ -89,5 +89,7 @@ def make_llm(target, **overrides):
 
 
 def close_llm(llm):
-    del llm
+    """Shut the engine down now. Leaving it to garbage collection is not enough: a stale engine
+    collected while a newer one runs tears down the process-wide distributed groups."""
+    llm.llm_engine.engine_core.shutdown()  # idempotent (its finalizer is detached)
     gc.collect()

@@ -24,6 +24,11 @@ its own proposer object and its own text-only cache; vLLM allocates no draft KV 
                               so per-token temperatures (and top-k/top-p) at T > 0 were left
                               uninitialised: every spec-decode run at T > 0 sampled from a wrong
                               target distribution. Replaced by a dtype-preserving torch version.
+  llava-ov-mixed-video-lengths  LlavaOnevision._process_video_pixels returns [1, N, H] per video
+                              when a batch holds videos of different frame counts, which vLLM
+                              rejects (engine crash); the wrapper hands back [N, H] as upstream's
+                              embed_multimodal contract asks. A target-model bug, fixed here
+                              because long-video batches of mixed lengths are Sparrow's use case.
   draft-architecture          ModelRegistry knows the draft's architecture name, so vLLM's
                               ModelConfig accepts the draft directory (SparrowProposer loads it)
 """
@@ -101,6 +106,7 @@ def apply_patches() -> None:
     _register_draft_architecture()
     _patch_cpu_kernel_overrides()
     _patch_cpu_expand_kernel()
+    _patch_llava_ov_video_lengths()
     logger.info("vllm-sparrow: %d vLLM patches applied: %s", len(APPLIED), ", ".join(APPLIED))
 
 
@@ -276,3 +282,20 @@ def expand_batch_values(output, input_val, cu_num_tokens, replace_from, replace_
     counts = torch.diff(ends, prepend=ends.new_zeros(1))  # [batch]
     expanded = values.repeat_interleave(counts)  # [num_tokens]
     output[: expanded.numel()].copy_(expanded.to(output.dtype))
+
+
+def _patch_llava_ov_video_lengths() -> None:
+    from vllm.model_executor.models import llava_onevision
+
+    def make(original: Callable) -> Callable:
+        @functools.wraps(original)
+        def _process_video_pixels(self, inputs):
+            out = original(self, inputs)
+            if isinstance(out, list):  # per video [1, frames * tokens + 1, hidden] -> 2-D
+                return [e.squeeze(0) if e.dim() == 3 else e for e in out]
+            return out
+
+        return _process_video_pixels
+
+    _patch("llava-ov-mixed-video-lengths", llava_onevision.LlavaOnevisionForConditionalGeneration,
+           "_process_video_pixels", make)

@@ -1,4 +1,4 @@
-"""The `sparrow` command: init-draft, demo."""
+"""The `sparrow` command: init-draft, capture, probe-layers, train, export, demo."""
 
 from __future__ import annotations
 
@@ -16,6 +16,59 @@ def _init_draft(args) -> int:
     out = init_draft(args.target, args.out, anchor_tokens=args.anchors, window_tokens=window,
                      speculative_tokens=args.k, seed=args.seed)
     print(f"wrote a randomly initialised Sparrow draft for {args.target} to {out}")
+    return 0
+
+
+def _capture(args) -> int:
+    from .training.capture import CaptureConfig, capture
+
+    report = capture(CaptureConfig(
+        target=args.target, data=args.data, out=args.out, ivsb_layer=args.ivsb_layer,
+        num_frames=args.frames, regenerate=args.regenerate, max_new_tokens=args.max_new_tokens,
+        max_seq_len=args.max_seq_len, shard_size=args.shard_size, store_dtype=args.store_dtype,
+        device=args.device, limit=args.limit))
+    print(f"{args.out}: {report.summary()}"
+          + (f" (resumed after {report.resumed_from} done)" if report.resumed_from else ""))
+    return 0
+
+
+def _probe_layers(args) -> int:
+    from .training.data import BadSample, load_media, read_samples
+    from .training.probe_layers import format_probe, probe_layers
+    from .training.target_runner import HFTarget
+
+    target = HFTarget(args.target, device=args.device, attn_implementation="eager")
+    rows = [r for r in read_samples(args.data) if not isinstance(r, BadSample) and r.media_kind][: args.samples]
+    inputs = (target.encode(r.prompt, r.media_kind, load_media(r, args.frames)) for r in rows)
+    print(format_probe(probe_layers(target.model, inputs, target.spec.visual_token_ids)))
+    return 0
+
+
+def _train(args) -> int:
+    from .training.train import TrainConfig, train
+
+    window = None if args.window in ("none", "null", "all") else int(args.window)
+    result = train(TrainConfig(
+        capture=args.capture, out=args.out, init=args.init, steps=args.steps,
+        batch_samples=args.batch_samples, lr=args.lr, warmup_steps=args.warmup_steps,
+        hidden_loss_weight=args.hidden_loss_weight, mtp_steps=args.mtp_steps,
+        mtp_weight=args.mtp_weight, ivsb=not args.no_ivsb, visual_fraction=args.visual_fraction,
+        loss_on_prompt=args.loss_on_prompt, anchor_tokens=args.anchors, window_tokens=window,
+        speculative_tokens=args.k, holdout=args.holdout, val_every=args.val_every,
+        save_every=args.save_every, seed=args.seed, device=args.device))
+    acc = result.acceptance
+    print(f"trained {result.steps} steps: loss {result.last_loss:.4f}, top-1 {result.top1:.3f}")
+    if acc is not None:
+        print(f"simulated mean acceptance length on {args.holdout} held-out samples (K={args.k}, "
+              f"bonus included): {acc.mean_acceptance_length:.3f} over {acc.drafts} drafts")
+    print(f"draft exported to {result.draft_dir}")
+    return 0
+
+
+def _export(args) -> int:
+    from .training.export import export_run
+
+    print(f"exported {export_run(args.run, args.out)}")
     return 0
 
 
@@ -76,6 +129,54 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--k", type=int, default=3, help="default number of speculative tokens")
     i.add_argument("--seed", type=int, default=0)
     i.set_defaults(fn=_init_draft)
+    c = sub.add_parser("capture", help="run the target over a JSONL dataset; store training states")
+    c.add_argument("--target", required=True)
+    c.add_argument("--data", required=True, help="JSONL of samples (see vllm_sparrow/training/data.py)")
+    c.add_argument("--out", required=True, help="capture directory (rerun to resume)")
+    c.add_argument("--ivsb-layer", type=int, default=None, help="target layer of the visual states")
+    c.add_argument("--frames", type=int, default=16, help="frames sampled per video")
+    c.add_argument("--regenerate", action="store_true", help="let the target rewrite given responses")
+    c.add_argument("--max-new-tokens", type=int, default=256)
+    c.add_argument("--max-seq-len", type=int, default=16384)
+    c.add_argument("--shard-size", type=int, default=64)
+    c.add_argument("--store-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    c.add_argument("--device", default="cpu")
+    c.add_argument("--limit", type=int, default=None, help="first N lines only")
+    c.set_defaults(fn=_capture)
+    pl = sub.add_parser("probe-layers", help="measure text->visual attention per layer; suggest the IVSB layer")
+    pl.add_argument("--target", required=True)
+    pl.add_argument("--data", required=True)
+    pl.add_argument("--samples", type=int, default=8)
+    pl.add_argument("--frames", type=int, default=16)
+    pl.add_argument("--device", default="cpu")
+    pl.set_defaults(fn=_probe_layers)
+    t = sub.add_parser("train", help="train a Sparrow draft (stage 1 + IVSB + MTP); rerun to resume")
+    t.add_argument("--capture", required=True)
+    t.add_argument("--out", required=True, help="run directory; the draft lands in OUT/draft")
+    t.add_argument("--init", default=None, help="draft to start from (default: random init)")
+    t.add_argument("--steps", type=int, default=1000)
+    t.add_argument("--batch-samples", type=int, default=1)
+    t.add_argument("--lr", type=float, default=3e-4)
+    t.add_argument("--warmup-steps", type=int, default=0)
+    t.add_argument("--hidden-loss-weight", type=float, default=0.1)
+    t.add_argument("--mtp-steps", type=int, default=2, help="MTP stages after stage 1 (0 = off)")
+    t.add_argument("--mtp-weight", type=float, default=0.5, help="stage s loss weight = w**s")
+    t.add_argument("--no-ivsb", action="store_true", help="ablation: no visual states in training")
+    t.add_argument("--visual-fraction", type=float, default=1.0, help="share of visual states shown")
+    t.add_argument("--loss-on-prompt", action="store_true")
+    t.add_argument("--anchors", type=int, default=4)
+    t.add_argument("--window", default="512")
+    t.add_argument("--k", type=int, default=3, help="draft length of the validation replay")
+    t.add_argument("--holdout", type=int, default=2, help="last N captured samples for validation")
+    t.add_argument("--val-every", type=int, default=0)
+    t.add_argument("--save-every", type=int, default=100)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--device", default="cpu")
+    t.set_defaults(fn=_train)
+    e = sub.add_parser("export", help="write the plugin draft directory from a run's last checkpoint")
+    e.add_argument("--run", required=True)
+    e.add_argument("--out", required=True)
+    e.set_defaults(fn=_export)
     d = sub.add_parser("demo", help="caption a generated clip with and without sparrow")
     d.add_argument("--workdir", default="runs/demo")
     d.add_argument("--frames", type=int, default=32)

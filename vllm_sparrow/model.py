@@ -81,12 +81,23 @@ class SparrowDraftModel(nn.Module):
         n = x.shape[0]
         a = self.input_norm(x)
         q = rotary(self.q_proj(a).view(n, cfg.num_attention_heads, cfg.head_dim), positions, cfg.rope_theta)
-        k = rotary(self.k_proj(a).view(n, cfg.num_key_value_heads, cfg.head_dim), positions, cfg.rope_theta)
-        v = self.v_proj(a).view(n, cfg.num_key_value_heads, cfg.head_dim)
+        k, v = self.key_values(x, positions)
         x = x + self.o_proj(attend(q, k, v).reshape(n, -1))
         m = self.post_attn_norm(x)
         x = x + self.down_proj(nn.functional.silu(self.gate_proj(m)) * self.up_proj(m))
         return self.final_norm(x)
+
+
+    def key_values(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys [N, kv_heads, head_dim] (rotated) and values of residual-stream inputs x [N, hidden].
+
+        Training also calls this for IVSB's projected visual states, which enter attention as
+        extra keys only (they are never queries and never reach the serve-time cache).
+        """
+        cfg = self.cfg
+        n, a = x.shape[0], self.input_norm(x)
+        k = rotary(self.k_proj(a).view(n, cfg.num_key_value_heads, cfg.head_dim), positions, cfg.rope_theta)
+        return k, self.v_proj(a).view(n, cfg.num_key_value_heads, cfg.head_dim)
 
 
 class TokenIO(Protocol):

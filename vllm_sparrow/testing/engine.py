@@ -35,3 +35,34 @@ def peak_bytes_by_request(llm) -> dict[str, int]:
     """
     peaks = drafter_stats(llm)["peak_request_bytes"]
     return {key.rsplit("-", 1)[0]: value for key, value in peaks.items()}
+
+
+def _record_on(worker) -> None:
+    drafter = worker.model_runner.drafter.drafter
+    if getattr(drafter, "recorded", None) is None:
+        drafter.recorded = []
+        original = drafter.step
+
+        def step(batch, num_draft, sample):
+            drafter.recorded.append({
+                "req_ids": list(batch.req_ids), "token_ids": batch.token_ids.cpu().clone(),
+                "hidden": batch.hidden.float().cpu().clone(), "row_start": list(batch.row_start),
+                "num_valid": list(batch.num_valid), "seq_start": list(batch.seq_start)})
+            return original(batch, num_draft, sample)
+
+        drafter.step = step
+    drafter.recorded.clear()
+
+
+def _recorded(worker) -> list[dict]:
+    return worker.model_runner.drafter.drafter.recorded
+
+
+def record_drafter_inputs(llm) -> None:
+    """From now on keep every StepBatch the SparrowDrafter receives (tests only)."""
+    llm.collective_rpc(_record_on)
+
+
+def drafter_inputs(llm) -> list[dict]:
+    """The recorded StepBatches: token ids, target hidden states, rows per request."""
+    return llm.collective_rpc(_recorded)[0]

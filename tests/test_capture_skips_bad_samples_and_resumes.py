@@ -1,0 +1,111 @@
+"""`sparrow capture`: bad samples are skipped and counted with their reason (the run goes on),
+shards round-trip what the target computed, and an interrupted capture resumes where it stopped
+without redoing finished shards."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vllm_sparrow.training import capture as capture_mod
+from vllm_sparrow.training.capture import CaptureConfig, capture
+from vllm_sparrow.training.shards import CaptureMismatch, ShardReader
+
+KIND = "qwen2_5_vl"
+
+
+@pytest.fixture(scope="module")
+def dataset(workdir, target_dirs):
+    from vllm_sparrow.video import write_synthetic_clip
+
+    root = workdir / "capture-data"
+    root.mkdir()
+    for i in range(3):
+        write_synthetic_clip(root / f"v{i}.mp4", 4, width=112, height=112, seed=i)
+    write_synthetic_clip(root / "long.mp4", 16, width=112, height=112, seed=9)
+    Image.fromarray(np.full((112, 112, 3), 90, np.uint8)).save(root / "im.png")
+    (root / "broken.mp4").write_bytes(b"\x00not a video at all")
+    good = [
+        {"video": "v0.mp4", "prompt": "describe the video"},
+        {"video": "v1.mp4", "conversations": [{"from": "human", "value": "<video>\nwhat moves?"},
+                                              {"from": "gpt", "value": "a red square moves left"}]},
+        {"image_path": "im.png", "messages": [{"role": "user", "content": "what is in the picture"}]},
+        {"prompt": "describe the red square moving left"},
+        {"video": "v2.mp4", "prompt": "and now?"},
+    ]
+    bad = [
+        {"video": "missing.mp4", "prompt": "x"},
+        {"video": "broken.mp4", "prompt": "x"},
+        {"video": "v0.mp4", "prompt": "x", "response": "   "},
+        {"video": "long.mp4", "prompt": "too many frames for max_seq_len"},
+    ]
+    lines = [json.dumps(r) for r in good[:3] + bad[:2] + good[3:] + bad[2:]] + ["{oops"]
+    (root / "data.jsonl").write_text("\n".join(lines) + "\n")
+    return dict(root=root, target=target_dirs(KIND), good=good)
+
+
+def _cfg(d, out, **kw):
+    return CaptureConfig(target=str(d["target"]), data=str(d["root"] / "data.jsonl"), out=str(out),
+                         num_frames=16, max_new_tokens=8, max_seq_len=120, shard_size=2, **kw)
+
+
+def test_bad_samples_are_skipped_with_reasons_and_the_rest_kept(dataset, workdir):
+    report = capture(_cfg(dataset, workdir / "cap-a"), progress=False)
+    assert report.kept == len(dataset["good"])
+    assert report.skipped == {"missing file": 1, "undecodable media": 1, "empty response": 1,
+                              "over-long sample": 1, "bad json": 1}
+    skipped = ShardReader(workdir / "cap-a").manifest.skipped
+    assert "missing.mp4 does not exist" in skipped["3"] and "re-encode" in skipped["4"]
+
+
+def test_shards_round_trip_the_target_states(dataset, workdir):
+    from vllm_sparrow.training.data import load_media, read_samples
+    from vllm_sparrow.training.target_runner import HFTarget
+
+    reader = ShardReader(workdir / "cap-a")
+    hf = HFTarget(str(dataset["target"]))
+    row = next(read_samples(dataset["root"] / "data.jsonl"))  # v0.mp4, response by the target
+    stored = reader[0]
+    inputs = hf.encode(row.prompt, row.media_kind, load_media(row, 16))
+    prompt_len = inputs["input_ids"].shape[1]
+    assert int(stored["prompt_len"]) == prompt_len
+    response = stored["token_ids"][prompt_len:].tolist()
+    assert response == hf.answer(inputs, 8)  # the target's own greedy answer
+    ids, final, layer = hf.states(inputs, response, 1)
+    vis = stored["is_visual"]
+    assert int(vis.sum()) == 32  # 4 frames of 112x112 through Qwen2.5-VL's processor
+    torch.testing.assert_close(stored["text_hidden"], final[~vis])
+    torch.testing.assert_close(stored["visual_hidden"], layer[vis])
+    conv = reader[1]  # the dataset's answer is kept, ended with the end-of-turn token
+    answer = hf.tokenizer("a red square moves left", add_special_tokens=False)["input_ids"]
+    assert conv["token_ids"][int(conv["prompt_len"]):].tolist() == answer + hf.eos_ids[:1]
+
+
+def test_interrupted_capture_resumes_where_it_stopped(dataset, workdir, monkeypatch):
+    out = workdir / "cap-b"
+    real, calls = capture_mod._capture_one, []
+
+    def dies_on_fourth(target, sample, cfg, writer):
+        calls.append(sample.index)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(target, sample, cfg, writer)
+
+    monkeypatch.setattr(capture_mod, "_capture_one", dies_on_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        capture(_cfg(dataset, out), progress=False)
+    first = ShardReader(out).manifest
+    assert [s["samples"] for s in first.shards] == [[0, 1]]  # sample 2 was in the lost buffer
+    shard0 = (out / "shard-00000.safetensors").stat().st_mtime_ns
+    monkeypatch.setattr(capture_mod, "_capture_one", real)
+    report = capture(_cfg(dataset, out), progress=False)
+    assert report.resumed_from == 3  # 0, 1 in shard 0 and 3 skipped; 2 (buffered) is redone
+    assert report.kept == len(dataset["good"])
+    assert (out / "shard-00000.safetensors").stat().st_mtime_ns == shard0
+    reference = ShardReader(workdir / "cap-a")
+    resumed = ShardReader(out)
+    assert sorted(i for _, i in resumed.where) == sorted(i for _, i in reference.where)
+    with pytest.raises(CaptureMismatch, match="num_frames"):
+        capture(CaptureConfig(**{**vars(_cfg(dataset, out)), "num_frames": 8}), progress=False)

@@ -1,0 +1,75 @@
+"""Validation estimate of acceptance length: chain verification replayed on captured samples.
+
+Runs the serve-time drafter itself (SparrowDrafter, its paged text-window cache, the torch
+attention path) on the captured text stream, step by step as vLLM's verify loop does: prefill
+the prompt, draft K tokens, accept the longest prefix the target's greedy choice agrees with,
+feed the accepted tokens' target states back, repeat. The target's greedy choice at each
+position is argmax(LM head(captured final state)); the replay follows the captured response,
+so it is exact when responses are the target's own greedy answers (`sparrow capture` writes
+those unless a dataset response is kept) and a replay of the dataset text otherwise.
+
+Reported like vLLM: mean acceptance length = 1 + accepted / drafts (bonus token included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..attention import TorchWindowAttention
+from ..drafter import SparrowDrafter, StepBatch
+from ..model import OwnTokenIO, SparrowDraftModel
+
+
+@dataclass
+class AcceptanceEstimate:
+    drafts: int
+    accepted: int
+    per_position: list[int]  # accepted count at draft depth 1..K
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.accepted / self.drafts if self.drafts else float("nan")
+
+
+def _greedy(logits: torch.Tensor, rows: torch.Tensor):
+    return logits.argmax(-1), None
+
+
+@torch.no_grad()
+def estimate_acceptance(draft: SparrowDraftModel, io, samples, k: int) -> AcceptanceEstimate:
+    """samples: iterable of captured samples (dicts from ShardReader)."""
+    was_training = draft.training
+    draft.eval()
+    est = AcceptanceEstimate(0, 0, [0] * k)
+    for sample in samples:
+        _replay(draft, io, sample, k, est)
+    draft.train(was_training)
+    return est
+
+
+def _replay(draft, io, sample, k: int, est: AcceptanceEstimate) -> None:
+    is_visual = sample["is_visual"]
+    tokens = sample["token_ids"][~is_visual]  # [m] text stream
+    hidden = sample["text_hidden"].float()  # [m, H]
+    p = int((~is_visual[: int(sample["prompt_len"])]).sum())  # prompt text tokens
+    m = tokens.shape[0]
+    greedy = io.logits(hidden).argmax(-1)  # [m] target's choice for the token after each
+    drafter = SparrowDrafter(draft, OwnTokenIO(draft, io), (), TorchWindowAttention(),
+                             hidden.device, hidden.dtype)
+    lo, c = 0, p  # rows to feed start at lo; c = index of the newest verified token
+    while c + k < m:
+        batch = StepBatch(["r"], tokens[lo:c], hidden[lo:c], [0], [c - lo], [lo], [p],
+                          tokens[c : c + 1], [False])
+        drafts, _ = drafter.step(batch, k, _greedy)
+        accepted = 0
+        for i in range(k):  # draft i proposes token c+1+i
+            if int(drafts[0, i]) != int(greedy[c + i]) or int(tokens[c + 1 + i]) != int(greedy[c + i]):
+                break
+            accepted += 1
+            est.per_position[i] += 1
+        est.drafts += 1
+        est.accepted += accepted
+        lo, c = c, c + accepted + 1  # verify step rows: the last verified token + accepted drafts
+    drafter.release(["r"])

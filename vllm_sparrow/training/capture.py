@@ -1,0 +1,125 @@
+"""`sparrow capture`: run the target over a dataset and store what Sparrow's training reads.
+
+Per kept sample (see shards.py for the directory layout):
+  token_ids      [n]            prompt (visual placeholders expanded) + response
+  is_visual      [n] bool       visual placeholder positions
+  prompt_len     [1]            tokens before the response
+  text_hidden    [n_text, H]    target final-layer states (after the final norm) at text positions
+  visual_hidden  [n_vis, H]     target layer-`ivsb_layer` states at visual positions (IVSB)
+Responses come from the target itself (greedy) when the sample has none or `regenerate` is set,
+so the draft learns the target's own distribution. Bad samples are skipped, counted and kept
+in the manifest with their reason; the run goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .data import BadSample, Sample, load_media, read_samples
+from .shards import ShardWriter, open_manifest
+
+log = logging.getLogger("vllm_sparrow.capture")
+STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class CaptureConfig:
+    target: str
+    data: str  # JSONL file
+    out: str  # capture directory
+    ivsb_layer: int | None = None  # None: two thirds of the depth (layer 20 of 28 in the paper)
+    num_frames: int = 16  # uniformly sampled frames per video
+    regenerate: bool = False  # let the target rewrite responses the dataset has
+    max_new_tokens: int = 256
+    max_seq_len: int = 16384  # longer samples are skipped
+    shard_size: int = 64
+    store_dtype: str = "float32"
+    device: str = "cpu"
+    limit: int | None = None  # first N lines only
+
+    def settings(self) -> dict:
+        """What must not change between a run and its resumption."""
+        keep = ("target", "data", "ivsb_layer", "num_frames", "regenerate", "max_new_tokens",
+                "max_seq_len", "store_dtype")
+        return {k: v for k, v in asdict(self).items() if k in keep}
+
+
+@dataclass
+class CaptureReport:
+    kept: int
+    skipped: dict[str, int]  # reason -> count
+    resumed_from: int  # samples already done before this run
+
+    def summary(self) -> str:
+        bad = ", ".join(f"{n} {r}" for r, n in sorted(self.skipped.items())) or "none"
+        return f"kept {self.kept} samples; skipped: {bad}"
+
+
+def capture(cfg: CaptureConfig, progress: bool = True) -> CaptureReport:
+    from tqdm import tqdm
+
+    from .target_runner import HFTarget
+
+    target = HFTarget(cfg.target, device=cfg.device)
+    if cfg.ivsb_layer is None:
+        cfg.ivsb_layer = max(1, (2 * target.num_layers) // 3)
+    if not 1 <= cfg.ivsb_layer <= target.num_layers:
+        raise ValueError(f"ivsb_layer must be in 1..{target.num_layers} for this target, got {cfg.ivsb_layer}")
+    out = Path(cfg.out)
+    manifest = open_manifest(out, cfg.settings())
+    done = manifest.done()
+    writer = ShardWriter(out, manifest, cfg.shard_size)
+    rows = [r for r in read_samples(cfg.data) if cfg.limit is None or r.index < cfg.limit]
+    todo = [r for r in rows if r.index not in done]
+    bar = tqdm(todo, desc="capture", unit="sample", disable=not progress)
+    for row in bar:
+        problem = row if isinstance(row, BadSample) else _capture_one(target, row, cfg, writer)
+        if problem is not None:
+            writer.skip(problem.index, f"{problem.reason}: {problem.detail}")
+            log.warning("skipped %s", problem.message())
+        bar.set_postfix(kept=len(manifest.samples()) + len(writer.buffer), skipped=len(manifest.skipped))
+    writer.flush()
+    counts: dict[str, int] = {}
+    for message in manifest.skipped.values():
+        reason = message.split(":", 1)[0]
+        counts[reason] = counts.get(reason, 0) + 1
+    report = CaptureReport(len(manifest.samples()), counts, len(done))
+    log.info("capture %s: %s", out, report.summary())
+    return report
+
+
+def _capture_one(target, sample: Sample, cfg: CaptureConfig, writer: ShardWriter) -> BadSample | None:
+    try:
+        media = load_media(sample, cfg.num_frames)
+    except ValueError as e:  # missing/corrupt media (VideoDecodeError is a ValueError)
+        return BadSample(sample.index, "undecodable media", str(e))
+    inputs = target.encode(sample.prompt, sample.media_kind, media)
+    prompt_len = inputs["input_ids"].shape[1]
+    if prompt_len >= cfg.max_seq_len:
+        return BadSample(sample.index, "over-long sample",
+                         f"{prompt_len} prompt tokens >= max_seq_len {cfg.max_seq_len}; use fewer frames")
+    if sample.response is None or cfg.regenerate:
+        response = target.answer(inputs, min(cfg.max_new_tokens, cfg.max_seq_len - prompt_len))
+    else:
+        response = target.response_ids(sample.response)
+    if not response:
+        return BadSample(sample.index, "empty response", "the target produced no tokens")
+    if prompt_len + len(response) > cfg.max_seq_len:
+        return BadSample(sample.index, "over-long sample",
+                         f"{prompt_len + len(response)} tokens > max_seq_len {cfg.max_seq_len}")
+    token_ids, final, layer = target.states(inputs, response, cfg.ivsb_layer)
+    is_visual = torch.isin(token_ids, torch.tensor(target.spec.visual_token_ids, dtype=token_ids.dtype))
+    is_visual[prompt_len:] = False  # generated tokens are text whatever their id
+    dtype = STORE_DTYPES[cfg.store_dtype]
+    writer.add(sample.index, {
+        "token_ids": token_ids.long(),  # [n]
+        "is_visual": is_visual,  # [n]
+        "prompt_len": torch.tensor([prompt_len]),
+        "text_hidden": final[~is_visual].to(dtype),  # [n_text, H]
+        "visual_hidden": layer[is_visual].to(dtype),  # [n_vis, H]
+    })
+    return None

@@ -1,0 +1,48 @@
+"""IVSB, intermediate-layer visual state bridging (training only).
+
+During training the draft also sees visual hidden states from an intermediate target layer
+(semantic, with less low-level noise than raw visual embeddings). They are projected into the
+draft's residual stream and enter its attention as extra keys/values that text queries may read
+(causally: a text token sees the visual tokens before it). They are never queries, carry no
+loss, and are absent at inference, where the draft's cache holds text positions only. The bridge
+is not exported.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..model import RMSNorm, SparrowDraftModel
+
+
+class VisualBridge(nn.Module):
+    def __init__(self, target_hidden: int, hidden: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        # The intermediate states are unnormalised (pre final norm): normalise, then project.
+        self.norm = RMSNorm(target_hidden, eps)
+        self.proj = nn.Linear(target_hidden, hidden, bias=False)
+
+    def forward(self, visual_hidden: torch.Tensor) -> torch.Tensor:  # [V, Ht] -> [V, hidden]
+        return self.proj(self.norm(visual_hidden))
+
+
+def visual_text_positions(is_visual: torch.Tensor) -> torch.Tensor:
+    """Text index of each visual token: the number of text tokens before it.  [n] -> [n_vis]"""
+    text_before = torch.cumsum((~is_visual).long(), 0) - (~is_visual).long()  # [n]
+    return text_before[is_visual]
+
+
+def pick_visual(n_vis: int, fraction: float, generator: torch.Generator) -> torch.Tensor:
+    """Sorted indices of the share `fraction` of visual tokens shown this step (Table 1 ablation)."""
+    keep = int(round(fraction * n_vis))
+    if keep >= n_vis:
+        return torch.arange(n_vis)
+    return torch.randperm(n_vis, generator=generator)[:keep].sort().values
+
+
+def visual_keys(draft: SparrowDraftModel, bridge: VisualBridge, visual_hidden: torch.Tensor,
+                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys/values [V, kv_heads, head_dim] of the projected visual states at their text index."""
+    x = bridge(visual_hidden.float())  # [V, hidden]
+    return draft.key_values(x, positions)

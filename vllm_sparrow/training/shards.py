@@ -1,0 +1,119 @@
+"""Capture shards: safetensors files of per-sample tensors plus a manifest that makes runs resumable.
+
+Layout of a capture directory:
+  manifest.json              capture settings, finished shards, skipped samples (with reasons)
+  shard-00000.safetensors    tensors "<sample>/<name>" for up to `shard_size` samples
+
+A shard and its manifest entry are written only when the shard is full (or at the end), the
+manifest atomically after the shard, so an interrupted run loses at most one shard's worth of
+samples, which the next run redoes. Memory stays bounded by one shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+MANIFEST = "manifest.json"
+
+
+class CaptureMismatch(ValueError):
+    pass
+
+
+@dataclass
+class Manifest:
+    settings: dict[str, Any]
+    shards: list[dict[str, Any]] = field(default_factory=list)  # {"file", "samples": [index...]}
+    skipped: dict[str, str] = field(default_factory=dict)  # sample index -> message
+
+    def done(self) -> set[int]:
+        return {i for s in self.shards for i in s["samples"]} | {int(i) for i in self.skipped}
+
+    def samples(self) -> list[int]:
+        return [i for s in self.shards for i in s["samples"]]
+
+
+def load_manifest(out_dir: Path) -> Manifest | None:
+    path = out_dir / MANIFEST
+    if not path.is_file():
+        return None
+    raw = json.loads(path.read_text())
+    return Manifest(raw["settings"], raw["shards"], raw["skipped"])
+
+
+def save_manifest(out_dir: Path, manifest: Manifest) -> None:
+    tmp = out_dir / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(vars(manifest), indent=1))
+    os.replace(tmp, out_dir / MANIFEST)
+
+
+def open_manifest(out_dir: Path, settings: dict[str, Any]) -> Manifest:
+    """The directory's manifest (resume) or a new one; refuses a directory captured differently."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = load_manifest(out_dir)
+    if manifest is None:
+        manifest = Manifest(settings)
+        save_manifest(out_dir, manifest)
+    elif manifest.settings != settings:
+        changed = sorted(k for k in settings.keys() | manifest.settings.keys()
+                         if settings.get(k) != manifest.settings.get(k))
+        raise CaptureMismatch(
+            f"{out_dir} holds a capture made with other settings ({', '.join(changed)}); "
+            "capture into a new directory, or rerun with the same settings to resume")
+    return manifest
+
+
+class ShardWriter:
+    def __init__(self, out_dir: Path, manifest: Manifest, shard_size: int) -> None:
+        self.out_dir, self.manifest, self.shard_size = out_dir, manifest, shard_size
+        self.buffer: dict[int, dict[str, torch.Tensor]] = {}
+
+    def add(self, index: int, tensors: dict[str, torch.Tensor]) -> None:
+        self.buffer[index] = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+        if len(self.buffer) >= self.shard_size:
+            self.flush()
+
+    def skip(self, index: int, message: str) -> None:
+        self.manifest.skipped[str(index)] = message
+        save_manifest(self.out_dir, self.manifest)  # a resumed run does not retry it
+
+    def flush(self) -> None:
+        if self.buffer:
+            name = f"shard-{len(self.manifest.shards):05d}.safetensors"
+            flat = {f"{i}/{k}": v for i, t in self.buffer.items() for k, v in t.items()}
+            save_file(flat, str(self.out_dir / name))
+            self.manifest.shards.append({"file": name, "samples": sorted(self.buffer)})
+            self.buffer = {}
+        save_manifest(self.out_dir, self.manifest)  # also records skips made since the last shard
+
+
+class ShardReader:
+    """Random access to captured samples by position 0..len-1 (lazy: one sample in memory)."""
+
+    def __init__(self, capture_dir: str | Path) -> None:
+        self.dir = Path(capture_dir)
+        manifest = load_manifest(self.dir)
+        if manifest is None:
+            raise FileNotFoundError(f"{self.dir}: no {MANIFEST}; run `sparrow capture` first")
+        self.manifest = manifest
+        self.where = [(s["file"], i) for s in manifest.shards for i in s["samples"]]
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def __getitem__(self, pos: int) -> dict[str, torch.Tensor]:
+        file, index = self.where[pos]
+        with safe_open(str(self.dir / file), framework="pt") as f:
+            prefix = f"{index}/"
+            return {k[len(prefix):]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return (self[i] for i in range(len(self)))

@@ -1,0 +1,98 @@
+"""The target video LLM in transformers, as capture needs it: encode, answer, hidden states.
+
+Final hidden states are the language model's `last_hidden_state` (after its final norm): the
+tensor vLLM hands the proposer at serve time (tests/test_capture_matches_vllm_hidden_states.py
+pins this). Intermediate states are `hidden_states[L]`, the output of decoder layer L.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..targets import target_spec
+from .data import MediaKind
+
+
+class HFTarget:
+    def __init__(self, target_dir: str, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                 attn_implementation: str | None = None) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
+
+        cfg = AutoConfig.from_pretrained(target_dir)
+        self.spec = target_spec(cfg)
+        self.is_vision = bool(self.spec.visual_token_ids)
+        auto = AutoModelForImageTextToText if self.is_vision else AutoModelForCausalLM
+        kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        self.model = auto.from_pretrained(target_dir, dtype=dtype, **kw).to(device).eval()
+        self.processor = AutoProcessor.from_pretrained(target_dir)
+        self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        eos = self.model.generation_config.eos_token_id
+        self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        self.device = torch.device(device)
+
+    @property
+    def num_layers(self) -> int:
+        return self.spec.num_layers
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.get_output_embeddings()(hidden)
+
+    def chat_prompt(self, prompt: str, media_kind: MediaKind | None) -> str:
+        """The one-turn chat text (media before the text), as vLLM's generate() takes it too."""
+        parts = [{"type": media_kind}] if media_kind else []
+        messages = [{"role": "user", "content": parts + [{"type": "text", "text": prompt}]}]
+        return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def encode(self, prompt: str, media_kind: MediaKind | None, media: Any) -> dict[str, torch.Tensor]:
+        """Processor inputs (batch 1) for a one-turn chat with the media before the text."""
+        text = self.chat_prompt(prompt, media_kind)
+        kw: dict[str, Any] = {}
+        if media_kind == "video":
+            frames, meta = media
+            # Frames arrive sampled already; HF's VideoMetadata does not take our flag.
+            kw = dict(videos=[frames], do_sample_frames=False,
+                      video_metadata=[{k: v for k, v in meta.items() if k != "do_sample_frames"}])
+        elif media_kind == "image":
+            kw = dict(images=[media])
+        if not self.is_vision:
+            return dict(self.tokenizer([text], return_tensors="pt", add_special_tokens=False))
+        return dict(self.processor(text=[text], return_tensors="pt", **kw))
+
+    @torch.no_grad()
+    def answer(self, inputs: dict[str, torch.Tensor], max_new_tokens: int) -> list[int]:
+        """The target's own greedy answer (ends with its end-of-turn token unless cut)."""
+        out = self.model.generate(**self._to_device(inputs), max_new_tokens=max_new_tokens,
+                                  do_sample=False, pad_token_id=self.eos_ids[0] if self.eos_ids else 0)
+        return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+    def response_ids(self, response: str) -> list[int]:
+        """A dataset answer as the target would have ended it (end-of-turn token appended)."""
+        return self.tokenizer(response, add_special_tokens=False)["input_ids"] + self.eos_ids[:1]
+
+    @torch.no_grad()
+    def states(self, inputs: dict[str, torch.Tensor], response: list[int], layer: int):
+        """Run prompt + response once. Returns (token ids [n], final hidden [n, H] after the
+        final norm, layer-`layer` hidden [n, H])."""
+        full = extend_with_response(inputs, response)
+        out = self.model.model(**self._to_device(full), output_hidden_states=True)
+        return full["input_ids"][0], out.last_hidden_state[0].float(), out.hidden_states[layer][0].float()
+
+    def _to_device(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+
+
+def extend_with_response(inputs: dict[str, torch.Tensor], response: list[int]) -> dict[str, torch.Tensor]:
+    """Append response tokens to a batch-1 processor output (text positions: type id 0)."""
+    extra = torch.tensor([response], dtype=inputs["input_ids"].dtype)
+    full = dict(inputs)
+    full["input_ids"] = torch.cat([inputs["input_ids"], extra], 1)
+    for key in ("attention_mask", "mm_token_type_ids", "token_type_ids"):
+        if key in inputs:
+            fill = torch.ones_like(extra) if key == "attention_mask" else torch.zeros_like(extra)
+            full[key] = torch.cat([inputs[key], fill.to(inputs[key].dtype)], 1)
+    return full

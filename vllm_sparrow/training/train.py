@@ -1,0 +1,238 @@
+"""`sparrow train`: stage 1 + IVSB + MTP on captured samples; resumable; exports a plugin draft.
+
+Run directory:
+  train_config.json      the TrainConfig of the run (a resume must use the same)
+  checkpoint.pt          draft + bridge + optimizer + step + RNG state, every `save_every` steps
+  draft/                 the exported Sparrow draft (config.json + model.safetensors)
+  log.jsonl              one line per logged step / validation
+Deterministic for a given seed and configuration (sample order and visual subsets come from
+seeded generators; resuming restores them). Data parallel: launch with torchrun; each rank
+takes every world_size-th sample and gradients (draft and bridge) are all-reduced before each
+optimiser step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..checkpoint import init_draft, load_draft, save_draft
+from .acceptance import AcceptanceEstimate, estimate_acceptance
+from .ivsb import VisualBridge, pick_visual, visual_keys, visual_text_positions
+from .mtp import unrolled_stages
+from .shards import ShardReader
+
+log = logging.getLogger("vllm_sparrow.train")
+
+
+@dataclass
+class TrainConfig:
+    capture: str  # capture directory (sparrow capture)
+    out: str  # run directory
+    init: str | None = None  # draft directory to start from; None: random init for the target
+    steps: int = 1000  # optimiser steps
+    batch_samples: int = 1  # samples per optimiser step (gradient accumulation)
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    hidden_loss_weight: float = 0.1
+    mtp_steps: int = 2  # MTP stages after stage 1 (0: stage 1 only)
+    mtp_weight: float = 0.5  # stage s weight = mtp_weight ** s
+    ivsb: bool = True  # show intermediate visual states during training
+    visual_fraction: float = 1.0  # share of visual states shown (0, 0.5, 1 in the paper)
+    loss_on_prompt: bool = False  # score prompt text tokens too (vLLM drafts only after it)
+    anchor_tokens: int = 4  # used when init is None
+    window_tokens: int | None = 512
+    speculative_tokens: int = 3  # K of the validation replay and the exported default
+    holdout: int = 2  # last N captured samples: validation only
+    val_every: int = 0  # 0: validate at the end only
+    save_every: int = 100
+    log_every: int = 10
+    seed: int = 0
+    device: str = "cpu"
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    last_loss: float
+    top1: float  # stage-1 top-1 agreement over the last log window
+    acceptance: AcceptanceEstimate | None
+    draft_dir: Path
+
+
+def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
+    rank, world = _dist_init()
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_config(out, cfg, rank)
+    reader = ShardReader(cfg.capture)
+    if len(reader) <= cfg.holdout:
+        raise ValueError(f"{cfg.capture} has {len(reader)} samples; need more than holdout={cfg.holdout}")
+    train_idx = list(range(len(reader) - cfg.holdout))
+    val_idx = list(range(len(reader) - cfg.holdout, len(reader)))
+    target_dir = reader.manifest.settings["target"]
+    draft, io, bridge = _build(cfg, target_dir, out)
+    params = [p for n, p in draft.named_parameters() if not n.startswith(("embed_tokens", "lm_head"))]
+    params += list(bridge.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    state = _resume(out, draft, bridge, opt)
+    return _loop(cfg, out, reader, train_idx, val_idx, draft, io, bridge, opt, state, rank, world,
+                 progress)
+
+
+def _loop(cfg, out, reader, train_idx, val_idx, draft, io, bridge, opt, state, rank, world,
+          progress) -> TrainResult:
+    from tqdm import tqdm
+
+    gen = torch.Generator().manual_seed(cfg.seed)
+    if state.get("generator") is not None:
+        gen.set_state(state["generator"])
+    order: list[int] = state.get("order", [])
+    step, window = state.get("step", 0), {"loss": 0.0, "correct": 0, "scored": 0, "n": 0}
+    bar = tqdm(total=cfg.steps, initial=step, desc="train", disable=not progress or rank != 0)
+    last_loss, top1 = float("nan"), float("nan")
+    while step < cfg.steps:
+        _set_lr(opt, cfg, step)
+        opt.zero_grad()
+        for _ in range(cfg.batch_samples):
+            if not order:  # a new epoch: a seeded permutation, this rank's share
+                order = [train_idx[i] for i in torch.randperm(len(train_idx), generator=gen).tolist()][rank::world]
+            stages = _sample_stages(cfg, draft, io, bridge, reader[order.pop(0)], gen)
+            loss = sum((cfg.mtp_weight ** s) * r.loss for s, r in enumerate(stages)) / cfg.batch_samples
+            loss.backward()
+            window["loss"] += loss.item()
+            window["correct"] += stages[0].correct
+            window["scored"] += stages[0].scored
+        _average_grads(opt, world)
+        opt.step()
+        step += 1
+        window["n"] += 1
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            last_loss, top1 = window["loss"] / window["n"], window["correct"] / max(1, window["scored"])
+            bar.set_postfix(loss=f"{last_loss:.3f}", top1=f"{top1:.2f}")
+            _log(out, rank, {"step": step, "loss": last_loss, "top1": top1})
+            window = {"loss": 0.0, "correct": 0, "scored": 0, "n": 0}
+        if rank == 0 and (step % cfg.save_every == 0 or step == cfg.steps):
+            torch.save({"step": step, "draft": draft.state_dict(), "bridge": bridge.state_dict(),
+                        "opt": opt.state_dict(), "generator": gen.get_state(), "order": order},
+                       out / "checkpoint.pt")
+        if cfg.val_every and step % cfg.val_every == 0 and step < cfg.steps and rank == 0:
+            _validate(cfg, out, reader, val_idx, draft, io, step)
+        bar.update(1)
+    bar.close()
+    acceptance = _validate(cfg, out, reader, val_idx, draft, io, step) if rank == 0 else None
+    draft_dir = out / "draft"
+    if rank == 0:
+        save_draft(draft, draft_dir)
+    return TrainResult(step, last_loss, top1, acceptance, draft_dir)
+
+
+def _sample_stages(cfg, draft, io, bridge, sample, gen):
+    is_visual = sample["is_visual"]
+    dev = next(draft.parameters()).device
+    tokens = sample["token_ids"][~is_visual].to(dev)  # [m]
+    hidden = sample["text_hidden"].to(dev, torch.float32)  # [m, H]
+    n = tokens.shape[0] - 2
+    prompt_text = int((~is_visual[: int(sample["prompt_len"])]).sum())
+    scored = torch.ones(n, dtype=torch.bool, device=dev)
+    if not cfg.loss_on_prompt:
+        scored = torch.arange(n, device=dev) + 2 >= prompt_text  # label x[t+2] is a response token
+    visual = None
+    if cfg.ivsb and sample["visual_hidden"].shape[0] and cfg.visual_fraction > 0:
+        keep = pick_visual(sample["visual_hidden"].shape[0], cfg.visual_fraction, gen)
+        vpos = visual_text_positions(is_visual)[keep]
+        vk, vv = visual_keys(draft, bridge, sample["visual_hidden"][keep].to(dev), vpos.to(dev))
+        visual = (vk, vv, vpos)
+    return unrolled_stages(draft, io, tokens, hidden, scored, cfg.mtp_steps, cfg.hidden_loss_weight, visual)
+
+
+def _validate(cfg, out, reader, val_idx, draft, io, step) -> AcceptanceEstimate:
+    est = estimate_acceptance(draft, io, (reader[i] for i in val_idx), cfg.speculative_tokens)
+    _log(out, 0, {"step": step, "val_mean_acceptance_length": est.mean_acceptance_length,
+                  "val_drafts": est.drafts, "val_per_position": est.per_position})
+    log.info("step %d: simulated mean acceptance length %.3f over %d drafts", step,
+             est.mean_acceptance_length, est.drafts)
+    return est
+
+
+def _build(cfg: TrainConfig, target_dir: str, out: Path):
+    from .target_runner import HFTarget
+
+    init = Path(cfg.init) if cfg.init else out / "init"
+    if not cfg.init and not (init / "config.json").is_file():
+        init_draft(target_dir, init, anchor_tokens=cfg.anchor_tokens, window_tokens=cfg.window_tokens,
+                   speculative_tokens=cfg.speculative_tokens, seed=cfg.seed)
+    draft = load_draft(init, device=cfg.device)
+    target = HFTarget(target_dir, device=cfg.device)
+    for p in target.model.parameters():
+        p.requires_grad_(False)
+    torch.manual_seed(cfg.seed)
+    bridge = VisualBridge(target.spec.hidden_size, draft.cfg.hidden_size, draft.cfg.rms_norm_eps).to(cfg.device)
+    draft.cfg.speculative_tokens = cfg.speculative_tokens
+    draft.train()
+    return draft, target, bridge
+
+
+def _resume(out: Path, draft, bridge, opt) -> dict:
+    path = out / "checkpoint.pt"
+    if not path.is_file():
+        return {}
+    ckpt = torch.load(path, weights_only=False)
+    draft.load_state_dict(ckpt["draft"])
+    bridge.load_state_dict(ckpt["bridge"])
+    opt.load_state_dict(ckpt["opt"])
+    log.info("resuming %s at step %d", out, ckpt["step"])
+    return ckpt
+
+
+def _check_config(out: Path, cfg: TrainConfig, rank: int) -> None:
+    path = out / "train_config.json"
+    mine = {k: v for k, v in asdict(cfg).items() if k not in ("steps", "val_every", "log_every", "device")}
+    if path.is_file():
+        old = json.loads(path.read_text())
+        diff = sorted(k for k in mine if old.get(k) != mine[k])
+        if diff:
+            raise ValueError(f"{out} is a run with other settings ({', '.join(diff)}); use a new "
+                             "--out, or the same settings to resume (only --steps may grow)")
+    elif rank == 0:
+        path.write_text(json.dumps(mine, indent=1))
+
+
+def _set_lr(opt, cfg: TrainConfig, step: int) -> None:
+    scale = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
+    for group in opt.param_groups:
+        group["lr"] = cfg.lr * scale
+
+
+def _log(out: Path, rank: int, row: dict) -> None:
+    if rank == 0:
+        with (out / "log.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def _dist_init() -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not torch.distributed.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        torch.distributed.init_process_group(backend)
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return (torch.distributed.get_rank(), world) if world > 1 else (0, 1)
+
+
+def _average_grads(opt, world: int) -> None:
+    if world == 1:
+        return
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)  # every rank must join every all-reduce
+            torch.distributed.all_reduce(p.grad)
+            p.grad /= world

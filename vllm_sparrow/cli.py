@@ -56,6 +56,8 @@ def _train(args) -> int:
         loss_on_prompt=args.loss_on_prompt, anchor_tokens=args.anchors, window_tokens=window,
         speculative_tokens=args.k, holdout=args.holdout, val_every=args.val_every,
         save_every=args.save_every, seed=args.seed, device=args.device))
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0  # torchrun: rank 0 reports and exports
     acc = result.acceptance
     print(f"trained {result.steps} steps: loss {result.last_loss:.4f}, top-1 {result.top1:.3f}")
     if acc is not None:

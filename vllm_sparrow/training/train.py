@@ -78,7 +78,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     train_idx = list(range(len(reader) - cfg.holdout))
     val_idx = list(range(len(reader) - cfg.holdout, len(reader)))
     target_dir = reader.manifest.settings["target"]
-    draft, io, bridge = _build(cfg, target_dir, out)
+    draft, io, bridge = _build(cfg, target_dir, out, rank, world)
     params = [p for n, p in draft.named_parameters() if not n.startswith(("embed_tokens", "lm_head"))]
     params += list(bridge.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -162,13 +162,15 @@ def _validate(cfg, out, reader, val_idx, draft, io, step) -> AcceptanceEstimate:
     return est
 
 
-def _build(cfg: TrainConfig, target_dir: str, out: Path):
+def _build(cfg: TrainConfig, target_dir: str, out: Path, rank: int, world: int):
     from .target_runner import HFTarget
 
     init = Path(cfg.init) if cfg.init else out / "init"
-    if not cfg.init and not (init / "config.json").is_file():
+    if rank == 0 and not cfg.init and not (init / "config.json").is_file():
         init_draft(target_dir, init, anchor_tokens=cfg.anchor_tokens, window_tokens=cfg.window_tokens,
                    speculative_tokens=cfg.speculative_tokens, seed=cfg.seed)
+    if world > 1:
+        torch.distributed.barrier()  # every rank starts from the same initial draft
     draft = load_draft(init, device=cfg.device)
     target = HFTarget(target_dir, device=cfg.device)
     for p in target.model.parameters():

@@ -26,7 +26,7 @@ def _capture(args) -> int:
         target=args.target, data=args.data, out=args.out, ivsb_layer=args.ivsb_layer,
         num_frames=args.frames, regenerate=args.regenerate, max_new_tokens=args.max_new_tokens,
         max_seq_len=args.max_seq_len, shard_size=args.shard_size, store_dtype=args.store_dtype,
-        device=args.device, limit=args.limit))
+        device=args.device, limit=args.limit, eagle_baseline=args.eagle_baseline))
     print(f"{args.out}: {report.summary()}"
           + (f" (resumed after {report.resumed_from} done)" if report.resumed_from else ""))
     return 0
@@ -49,7 +49,7 @@ def _train(args) -> int:
 
     window = None if args.window in ("none", "null", "all") else int(args.window)
     result = train(TrainConfig(
-        capture=args.capture, out=args.out, init=args.init, steps=args.steps,
+        capture=args.capture, out=args.out, init=args.init, draft_kind=args.draft_kind, steps=args.steps,
         batch_samples=args.batch_samples, lr=args.lr, warmup_steps=args.warmup_steps,
         hidden_loss_weight=args.hidden_loss_weight, mtp_steps=args.mtp_steps,
         mtp_weight=args.mtp_weight, ivsb=not args.no_ivsb, visual_fraction=args.visual_fraction,
@@ -144,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--store-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     c.add_argument("--device", default="cpu")
     c.add_argument("--limit", type=int, default=None, help="first N lines only")
+    c.add_argument("--eagle-baseline", action="store_true",
+                   help="also store the states the EAGLE-style baseline trains on")
     c.set_defaults(fn=_capture)
     pl = sub.add_parser("probe-layers", help="measure text->visual attention per layer; suggest the IVSB layer")
     pl.add_argument("--target", required=True)
@@ -156,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--capture", required=True)
     t.add_argument("--out", required=True, help="run directory; the draft lands in OUT/draft")
     t.add_argument("--init", default=None, help="draft to start from (default: random init)")
+    t.add_argument("--draft-kind", default="sparrow", choices=["sparrow", "eagle"],
+                   help="eagle: the all-positions baseline, exported for vLLM's method 'eagle'")
     t.add_argument("--steps", type=int, default=1000)
     t.add_argument("--batch-samples", type=int, default=1)
     t.add_argument("--lr", type=float, default=3e-4)

@@ -73,3 +73,39 @@ def _replay(draft, io, sample, k: int, est: AcceptanceEstimate) -> None:
         est.accepted += accepted
         lo, c = c, c + accepted + 1  # verify step rows: the last verified token + accepted drafts
     drafter.release(["r"])
+
+
+@torch.no_grad()
+def estimate_acceptance_full_stream(draft, io, samples, k: int) -> AcceptanceEstimate:
+    """The same replay for the EAGLE-style baseline, which reads every position.
+
+    Uses the MTP stages with teacher forcing: stage s at entry c-1+s is the draft's (s+1)-th
+    chained proposal after committing token c when its earlier proposals were the true tokens,
+    which is all that matters, since acceptance stops at the first wrong proposal.
+    """
+    from .eagle_baseline import full_stream
+    from .mtp import unrolled_stages
+
+    was_training = draft.training
+    draft.eval()
+    est = AcceptanceEstimate(0, 0, [0] * k)
+    for sample in samples:
+        tokens, hidden, positions = full_stream(sample)
+        m = tokens.shape[0]
+        stages = unrolled_stages(draft, io, tokens, hidden, torch.zeros(m - 2, dtype=torch.bool), k - 1, 0.0,
+                                 return_outputs=True, rope_positions=positions)
+        proposals = [io.logits(s.outputs).argmax(-1) for s in stages]  # k x [m-2]
+        greedy = io.logits(hidden).argmax(-1)  # [m]
+        c = int(sample["prompt_len"])  # first response token: sampled after the prefill
+        while c + k < m:
+            accepted = 0
+            for i in range(k):
+                if int(proposals[i][c - 1 + i]) != int(greedy[c + i]) or int(tokens[c + 1 + i]) != int(greedy[c + i]):
+                    break
+                accepted += 1
+                est.per_position[i] += 1
+            est.drafts += 1
+            est.accepted += accepted
+            c += accepted + 1
+    draft.train(was_training)
+    return est

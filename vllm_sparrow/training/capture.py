@@ -6,6 +6,9 @@ Per kept sample (see shards.py for the directory layout):
   prompt_len     [1]            tokens before the response
   text_hidden    [n_text, H]    target final-layer states (after the final norm) at text positions
   visual_hidden  [n_vis, H]     target layer-`ivsb_layer` states at visual positions (IVSB)
+with `eagle_baseline` also (for the EAGLE-style baseline draft, which reads every position):
+  visual_final   [n_vis, H]     target final-layer states at visual positions
+  positions      [n]            rotary positions vLLM hands a 1-D-RoPE EAGLE draft
 Responses come from the target itself (greedy) when the sample has none or `regenerate` is set,
 so the draft learns the target's own distribution. Bad samples are skipped, counted and kept
 in the manifest with their reason; the run goes on.
@@ -40,11 +43,12 @@ class CaptureConfig:
     store_dtype: str = "float32"
     device: str = "cpu"
     limit: int | None = None  # first N lines only
+    eagle_baseline: bool = False  # also store what the EAGLE-style baseline trains on
 
     def settings(self) -> dict:
         """What must not change between a run and its resumption."""
         keep = ("target", "data", "ivsb_layer", "num_frames", "regenerate", "max_new_tokens",
-                "max_seq_len", "store_dtype")
+                "max_seq_len", "store_dtype", "eagle_baseline")
         return {k: v for k, v in asdict(self).items() if k in keep}
 
 
@@ -111,15 +115,19 @@ def _capture_one(target, sample: Sample, cfg: CaptureConfig, writer: ShardWriter
     if prompt_len + len(response) > cfg.max_seq_len:
         return BadSample(sample.index, "over-long sample",
                          f"{prompt_len + len(response)} tokens > max_seq_len {cfg.max_seq_len}")
-    token_ids, final, layer = target.states(inputs, response, cfg.ivsb_layer)
+    token_ids, final, layer, full = target.states(inputs, response, cfg.ivsb_layer)
     is_visual = torch.isin(token_ids, torch.tensor(target.spec.visual_token_ids, dtype=token_ids.dtype))
     is_visual[prompt_len:] = False  # generated tokens are text whatever their id
     dtype = STORE_DTYPES[cfg.store_dtype]
-    writer.add(sample.index, {
+    tensors = {
         "token_ids": token_ids.long(),  # [n]
         "is_visual": is_visual,  # [n]
         "prompt_len": torch.tensor([prompt_len]),
         "text_hidden": final[~is_visual].to(dtype),  # [n_text, H]
         "visual_hidden": layer[is_visual].to(dtype),  # [n_vis, H]
-    })
+    }
+    if cfg.eagle_baseline:
+        tensors["visual_final"] = final[is_visual].to(dtype)  # [n_vis, H]
+        tensors["positions"] = target.eagle_positions(full).long()  # [n]
+    writer.add(sample.index, tensors)
     return None

@@ -61,11 +61,14 @@ def _attend_fn(masks: list[torch.Tensor], keys: list[tuple[torch.Tensor, torch.T
 def unrolled_stages(draft: SparrowDraftModel, io, tokens: torch.Tensor, hidden: torch.Tensor,
                     scored: torch.Tensor, mtp_steps: int, hidden_loss_weight: float,
                     visual: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                    return_outputs: bool = False) -> list[StageResult]:
+                    return_outputs: bool = False, rope_positions: torch.Tensor | None = None
+                    ) -> list[StageResult]:
     """Stages 0..mtp_steps on one text stream.
 
     tokens [m], hidden [m, H]; scored [m-2] bool: entries whose prediction counts (response
-    tokens); visual: (keys [V, kv, d], values, text index of each [V]) or None.
+    tokens); visual: (keys [V, kv, d], values, text index of each [V]) or None;
+    rope_positions [m]: rotary position of each token (default: its index, Sparrow's text
+    index). A chained entry at stage s sits s positions past its committed entry.
     """
     n = tokens.shape[0] - 2
     spec = WindowSpec(draft.cfg.anchor_tokens, draft.cfg.window_tokens)
@@ -85,7 +88,10 @@ def unrolled_stages(draft: SparrowDraftModel, io, tokens: torch.Tensor, hidden: 
             cache["kv"] = (k, v)
             return _attend_fn(_m, keys, vis)(q, k, v)
 
-        y = draft(inputs, emb, pos, attend)  # [n, H]
+        rope = pos if rope_positions is None else rope_positions[:n].to(pos.device)
+        if stage and rope_positions is not None:  # serving: chain position = committed + s
+            rope = torch.cat([rope[:stage], rope[: n - stage] + stage])
+        y = draft(inputs, emb, rope, attend)  # [n, H]
         keys.append(cache["kv"])
         valid = scored & (pos >= stage)  # entry t has a stage-s input only for t >= s
         results.append(_stage_loss(io, y, labels, state_targets, valid, hidden_loss_weight))

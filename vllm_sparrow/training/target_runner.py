@@ -77,10 +77,25 @@ class HFTarget:
     @torch.no_grad()
     def states(self, inputs: dict[str, torch.Tensor], response: list[int], layer: int):
         """Run prompt + response once. Returns (token ids [n], final hidden [n, H] after the
-        final norm, layer-`layer` hidden [n, H])."""
+        final norm, layer-`layer` hidden [n, H], full inputs)."""
         full = extend_with_response(inputs, response)
         out = self.model.model(**self._to_device(full), output_hidden_states=True)
-        return full["input_ids"][0], out.last_hidden_state[0].float(), out.hidden_states[layer][0].float()
+        return (full["input_ids"][0], out.last_hidden_state[0].float(),
+                out.hidden_states[layer][0].float(), full)
+
+    @torch.no_grad()
+    def eagle_positions(self, full: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Rotary positions vLLM gives a 1-D-RoPE EAGLE draft: M-RoPE's temporal row for
+        Qwen-VL targets, plain indices otherwise.  -> [n]"""
+        base = self.model.model
+        if not hasattr(base, "get_rope_index"):
+            return torch.arange(full["input_ids"].shape[1])
+        import inspect
+
+        names = inspect.signature(base.get_rope_index).parameters
+        kw = {k: v for k, v in self._to_device(full).items() if k in names}
+        position_ids, _ = base.get_rope_index(**kw)  # [3, 1, n]
+        return position_ids[0, 0].cpu()
 
     def _to_device(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in inputs.items()}

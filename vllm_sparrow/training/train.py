@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import init_draft, load_draft, save_draft
-from .acceptance import AcceptanceEstimate, estimate_acceptance
+from .acceptance import AcceptanceEstimate, estimate_acceptance, estimate_acceptance_full_stream
+from .eagle_baseline import EagleBaselineDraft, full_stream, init_eagle_baseline
 from .ivsb import VisualBridge, pick_visual, visual_keys, visual_text_positions
 from .mtp import unrolled_stages
 from .shards import ShardReader
@@ -35,6 +36,7 @@ class TrainConfig:
     capture: str  # capture directory (sparrow capture)
     out: str  # run directory
     init: str | None = None  # draft directory to start from; None: random init for the target
+    draft_kind: str = "sparrow"  # or "eagle": the all-positions baseline (eagle_baseline.py)
     steps: int = 1000  # optimiser steps
     batch_samples: int = 1  # samples per optimiser step (gradient accumulation)
     lr: float = 3e-4
@@ -130,11 +132,16 @@ def _loop(cfg, out, reader, train_idx, val_idx, draft, io, bridge, opt, state, r
     acceptance = _validate(cfg, out, reader, val_idx, draft, io, step) if rank == 0 else None
     draft_dir = out / "draft"
     if rank == 0:
-        save_draft(draft, draft_dir)
+        if cfg.draft_kind == "eagle":
+            draft.save(draft_dir)
+        else:
+            save_draft(draft, draft_dir)
     return TrainResult(step, last_loss, top1, acceptance, draft_dir)
 
 
 def _sample_stages(cfg, draft, io, bridge, sample, gen):
+    if cfg.draft_kind == "eagle":
+        return _eagle_stages(cfg, draft, io, sample)
     is_visual = sample["is_visual"]
     dev = next(draft.parameters()).device
     tokens = sample["token_ids"][~is_visual].to(dev)  # [m]
@@ -153,8 +160,24 @@ def _sample_stages(cfg, draft, io, bridge, sample, gen):
     return unrolled_stages(draft, io, tokens, hidden, scored, cfg.mtp_steps, cfg.hidden_loss_weight, visual)
 
 
+def _eagle_stages(cfg, draft, io, sample):
+    """The baseline reads every position (visual ones included) at its vLLM rotary position."""
+    dev = next(draft.parameters()).device
+    tokens, hidden, positions = full_stream(sample)  # [n], [n, H], [n]
+    n = tokens.shape[0] - 2
+    scored = torch.ones(n, dtype=torch.bool)
+    if not cfg.loss_on_prompt:
+        scored = torch.arange(n) + 2 >= int(sample["prompt_len"])
+    return unrolled_stages(draft, io, tokens.to(dev), hidden.to(dev), scored.to(dev), cfg.mtp_steps,
+                           cfg.hidden_loss_weight, rope_positions=positions.to(dev))
+
+
 def _validate(cfg, out, reader, val_idx, draft, io, step) -> AcceptanceEstimate:
-    est = estimate_acceptance(draft, io, (reader[i] for i in val_idx), cfg.speculative_tokens)
+    samples = (reader[i] for i in val_idx)
+    if cfg.draft_kind == "eagle":
+        est = estimate_acceptance_full_stream(draft, io, samples, cfg.speculative_tokens)
+    else:
+        est = estimate_acceptance(draft, io, samples, cfg.speculative_tokens)
     _log(out, 0, {"step": step, "val_mean_acceptance_length": est.mean_acceptance_length,
                   "val_drafts": est.drafts, "val_per_position": est.per_position})
     log.info("step %d: simulated mean acceptance length %.3f over %d drafts", step,
@@ -165,19 +188,28 @@ def _validate(cfg, out, reader, val_idx, draft, io, step) -> AcceptanceEstimate:
 def _build(cfg: TrainConfig, target_dir: str, out: Path, rank: int, world: int):
     from .target_runner import HFTarget
 
+    if cfg.draft_kind not in ("sparrow", "eagle"):
+        raise ValueError(f"draft_kind must be 'sparrow' or 'eagle', got {cfg.draft_kind!r}")
     init = Path(cfg.init) if cfg.init else out / "init"
-    if rank == 0 and not cfg.init and not (init / "config.json").is_file():
+    if cfg.draft_kind == "eagle" and rank == 0 and not cfg.init and not (init / "config.json").is_file():
+        from transformers import AutoConfig
+
+        init_eagle_baseline(AutoConfig.from_pretrained(target_dir), seed=cfg.seed).save(init)
+    if cfg.draft_kind == "sparrow" and rank == 0 and not cfg.init and not (init / "config.json").is_file():
         init_draft(target_dir, init, anchor_tokens=cfg.anchor_tokens, window_tokens=cfg.window_tokens,
                    speculative_tokens=cfg.speculative_tokens, seed=cfg.seed)
     if world > 1:
         torch.distributed.barrier()  # every rank starts from the same initial draft
-    draft = load_draft(init, device=cfg.device)
+    if cfg.draft_kind == "eagle":
+        draft = EagleBaselineDraft.load(init).to(cfg.device)
+    else:
+        draft = load_draft(init, device=cfg.device)
+        draft.cfg.speculative_tokens = cfg.speculative_tokens
     target = HFTarget(target_dir, device=cfg.device)
     for p in target.model.parameters():
         p.requires_grad_(False)
     torch.manual_seed(cfg.seed)
     bridge = VisualBridge(target.spec.hidden_size, draft.cfg.hidden_size, draft.cfg.rms_norm_eps).to(cfg.device)
-    draft.cfg.speculative_tokens = cfg.speculative_tokens
     draft.train()
     return draft, target, bridge
 

@@ -106,7 +106,10 @@ def _loop(cfg, out, reader, train_idx, val_idx, draft, io, bridge, opt, state, r
         for _ in range(cfg.batch_samples):
             if not order:  # a new epoch: a seeded permutation, this rank's share
                 order = [train_idx[i] for i in torch.randperm(len(train_idx), generator=gen).tolist()][rank::world]
-            stages = _sample_stages(cfg, draft, io, bridge, reader[order.pop(0)], gen)
+            sample = _load(reader, order.pop(0))
+            if sample is None:
+                continue
+            stages = _sample_stages(cfg, draft, io, bridge, sample, gen)
             loss = sum((cfg.mtp_weight ** s) * r.loss for s, r in enumerate(stages)) / cfg.batch_samples
             loss.backward()
             window["loss"] += loss.item()
@@ -137,6 +140,19 @@ def _loop(cfg, out, reader, train_idx, val_idx, draft, io, bridge, opt, state, r
         else:
             save_draft(draft, draft_dir)
     return TrainResult(step, last_loss, top1, acceptance, draft_dir)
+
+
+def _load(reader, pos: int) -> dict | None:
+    """A captured sample, or None (logged) when it cannot train: one bad sample never stops a run."""
+    try:
+        sample = reader[pos]
+    except Exception as e:  # a damaged shard file
+        log.warning("skipping captured sample at position %d: unreadable (%s)", pos, e)
+        return None
+    if int((~sample["is_visual"]).sum()) < 3:
+        log.warning("skipping captured sample at position %d: fewer than 3 text tokens", pos)
+        return None
+    return sample
 
 
 def _sample_stages(cfg, draft, io, bridge, sample, gen):

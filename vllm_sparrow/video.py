@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["VideoDecodeError", "decode_video", "sample_frame_indices", "write_synthetic_clip"]
+__all__ = ["VideoDecodeError", "decode_video", "sample_frame_indices", "write_frames",
+           "write_synthetic_clip"]
 
 
 class VideoDecodeError(ValueError):
@@ -39,23 +40,27 @@ def write_synthetic_clip(
     The same arguments give the same pixels (the squares' colours, sizes, starts and
     velocities come from ``seed``); the encoded bytes may differ across libx264 builds.
     """
-    import av
-
     if num_frames < 1:
         raise ValueError(f"num_frames must be >= 1, got {num_frames}")
+    return write_frames(path, _synthetic_frames(num_frames, width, height, seed), fps)
+
+
+def write_frames(path: str | Path, frames: np.ndarray, fps: float) -> Path:
+    """Encode RGB frames (T, H, W, 3) uint8 as a near-lossless H.264 mp4 at ``fps``."""
+    import av
+
+    height, width = frames.shape[1:3]
     if width % 2 or height % 2:  # yuv420p halves chroma resolution: odd sizes are rejected
         raise ValueError(f"width and height must be even for yuv420p, got {width}x{height}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    frames = _synthetic_frames(num_frames, width, height, seed)  # (T, H, W, 3) uint8
-
     with av.open(str(path), mode="w") as container:
         stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        # crf 10: near-lossless, so decoded frames stay close to the drawn ones in tests.
+        # crf 10: near-lossless, so decoded frames stay close to the drawn ones.
         stream.options = {"crf": "10", "preset": "veryfast"}
         for rgb in frames:
-            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
             container.mux(stream.encode(frame))
         container.mux(stream.encode())  # flush the encoder's delayed frames
     return path

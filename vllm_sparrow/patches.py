@@ -29,6 +29,10 @@ its own proposer object and its own text-only cache; vLLM allocates no draft KV 
                               rejects (engine crash); the wrapper hands back [N, H] as upstream's
                               embed_multimodal contract asks. A target-model bug, fixed here
                               because long-video batches of mixed lengths are Sparrow's use case.
+  pyav-video-codec            vLLM's video decoders gain "pyav" (PyAV, which this project pins):
+                              `--media-io-kwargs '{"video": {"backend": "pyav"}}'` decodes
+                              video URLs / data: URLs with it (the CPU wheel's torchcodec cannot
+                              load; opencv stays vLLM's default)
   draft-architecture          ModelRegistry knows the draft's architecture name, so vLLM's
                               ModelConfig accepts the draft directory (SparrowProposer loads it)
 """
@@ -107,6 +111,7 @@ def apply_patches() -> None:
     _patch_cpu_kernel_overrides()
     _patch_cpu_expand_kernel()
     _patch_llava_ov_video_lengths()
+    _register_pyav_video_codec()
     logger.info("vllm-sparrow: %d vLLM patches applied: %s", len(APPLIED), ", ".join(APPLIED))
 
 
@@ -299,3 +304,37 @@ def _patch_llava_ov_video_lengths() -> None:
 
     _patch("llava-ov-mixed-video-lengths", llava_onevision.LlavaOnevisionForConditionalGeneration,
            "_process_video_pixels", make)
+
+
+def _register_pyav_video_codec() -> None:
+    import sys
+    import types
+
+    from vllm.multimodal import video_decoders
+
+    name = f"{video_decoders.__name__}.pyav"
+    module = types.ModuleType(name)
+    module.decode_pyav = decode_pyav  # vLLM imports f".{backend}" and calls decode_<backend>
+    sys.modules[name] = module
+    _set_entry("pyav-video-codec", video_decoders._BACKEND_OPTION_DEFAULTS, "pyav", {})
+
+
+def decode_pyav(loader_cls, data: bytes, target, sampling_kwargs: dict):
+    """vLLM decoder contract: (frames, VideoSourceMetadata, wanted indices, decoded indices).
+
+    Frame choice stays the loader's (uniform sampling by num_frames/fps, Qwen3-VL's own rule).
+    """
+    from vllm.multimodal.video_decoders import VideoSourceMetadata, check_frame_pixel_limit
+
+    from .video import decode_video_bytes
+
+    chosen = {}
+
+    def pick(total: int, fps: float, duration: float) -> list[int]:
+        source = loader_cls._prepare_source(VideoSourceMetadata(total, fps, duration))
+        chosen["source"] = source
+        return loader_cls.compute_frames_index_to_sample(source=source, target=target, **sampling_kwargs)
+
+    frames, _, wanted, kept = decode_video_bytes(data, pick, name="the request's video")
+    check_frame_pixel_limit(frames.shape[2], frames.shape[1])
+    return frames, chosen["source"], wanted, kept

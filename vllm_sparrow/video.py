@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["VideoDecodeError", "decode_video", "sample_frame_indices", "write_frames",
-           "write_synthetic_clip"]
+__all__ = ["VideoDecodeError", "decode_video", "decode_video_bytes", "sample_frame_indices",
+           "write_frames", "write_synthetic_clip"]
 
 
 class VideoDecodeError(ValueError):
@@ -156,8 +156,35 @@ def decode_video(
     return np.stack(frames), metadata
 
 
-def _guarded(path: Path, read: Any, *args: Any) -> Any:
-    """Call ``read(container, path, *args)`` on a freshly opened file.
+def decode_video_bytes(
+    data: bytes, pick: Any, name: str = "the video"
+) -> tuple[np.ndarray, tuple[int, float, float], list[int], list[int]]:
+    """Decode an in-memory video: ``pick(total, fps, duration) -> wanted frame indices``.
+
+    Returns (frames (T, H, W, 3) uint8, (total, fps, duration), wanted, decoded indices);
+    errors are ``VideoDecodeError`` with ``name`` in the message. vLLM's pyav codec
+    (patches.py) uses this for video URLs and data: URLs.
+    """
+    import io
+
+    def opened():
+        return io.BytesIO(data)
+
+    total, src_fps, duration = _guarded(name, _probe, source=opened())
+    wanted = list(pick(total, src_fps, duration))
+    frames, kept, seen = _guarded(name, _decode_indices, wanted, source=opened())
+    if len(kept) < len(wanted) and seen > 0:  # the header's frame count overshot
+        total = seen
+        wanted = list(pick(total, src_fps, duration))
+        frames, kept, seen = _guarded(name, _decode_indices, wanted, source=opened())
+    if not kept:
+        raise VideoDecodeError(f"{name}: the video stream has no decodable frame; re-encode it")
+    return np.stack(frames), (total, src_fps, duration), wanted, kept
+
+
+def _guarded(path: Any, read: Any, *args: Any, source: Any = None) -> Any:
+    """Call ``read(container, path, *args)`` on a freshly opened file (or ``source``, a
+    file-like object; ``path`` then only names it in messages).
 
     Any PyAV/FFmpeg failure (not a media file, truncated, bad codec data) becomes a
     ``VideoDecodeError`` naming the file and a fix.
@@ -165,7 +192,7 @@ def _guarded(path: Path, read: Any, *args: Any) -> Any:
     import av
 
     try:
-        with av.open(str(path)) as container:
+        with av.open(source if source is not None else str(path)) as container:
             return read(container, path, *args)
     except VideoDecodeError:
         raise

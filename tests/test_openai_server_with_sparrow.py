@@ -1,0 +1,163 @@
+"""`vllm serve TARGET --speculative-config '{"method": "sparrow", ...}'`: the real server on
+127.0.0.1, talked to with the `openai` client. Video (data: and file:// URLs), image, text and
+streaming requests are answered with speculation on, answers equal the target's own greedy
+output, bad input gets a 4xx naming the problem while the server keeps serving, and the
+Prometheus spec-decode counters move."""
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import openai
+import pytest
+from conftest import TRAINED_TEXTS, close_llm, make_llm
+from vllm import SamplingParams
+
+from vllm_sparrow.video import write_synthetic_clip
+
+KIND = "qwen2_5_vl"
+MAX_TOKENS = 16
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise TimeoutError(f"vllm serve not healthy after {timeout}s:\n{log.read_text()[-4000:]}")
+
+
+@pytest.fixture(scope="module")
+def server(workdir, target_dirs, trained_drafts):
+    target, draft = target_dirs(KIND), trained_drafts(KIND)
+    media = workdir / "server-media"
+    media.mkdir(exist_ok=True)
+    clip = write_synthetic_clip(media / "clip.mp4", 16, seed=7)
+    port, log = _free_port(), workdir / "server.log"
+    spec = {"method": "sparrow", "model": str(draft), "num_speculative_tokens": 3}
+    cmd = [str(Path(sys.executable).with_name("vllm")), "serve", str(target), "--host", "127.0.0.1",
+           "--port", str(port), "--enforce-eager", "--dtype", "float32", "--max-model-len", "2048",
+           "--speculative-config", json.dumps(spec), "--allowed-local-media-path", str(media),
+           "--media-io-kwargs", json.dumps({"video": {"backend": "pyav", "num_frames": 8}}),
+           "--limit-mm-per-prompt", json.dumps({"video": 1, "image": 1})]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, log)
+        yield dict(url=url, client=openai.OpenAI(base_url=url + "/v1", api_key="none"),
+                   model=str(target), clip=clip, target=target)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # stop by PID (and its engine process)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _video_part(url):
+    return {"type": "video_url", "video_url": {"url": url}}
+
+
+def _ask(server, content, **kw):
+    return server["client"].chat.completions.create(
+        model=server["model"], messages=[{"role": "user", "content": content}],
+        max_tokens=MAX_TOKENS, temperature=0.0, **kw)
+
+
+def _data_url(path: Path) -> str:
+    return "data:video/mp4;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def test_video_image_and_text_chats_are_answered(server):
+    text = [{"type": "text", "text": "describe the video"}]
+    by_data = _ask(server, [_video_part(_data_url(server["clip"]))] + text)
+    by_file = _ask(server, [_video_part(server["clip"].as_uri())] + text)
+    assert by_data.choices[0].message.content == by_file.choices[0].message.content
+    assert by_data.usage.prompt_tokens > 64  # 8 frames of video reached the model
+    from io import BytesIO
+
+    import numpy as np
+    from PIL import Image
+
+    buf = BytesIO()
+    Image.fromarray(np.full((112, 112, 3), 120, np.uint8)).save(buf, format="PNG")
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()}}
+    assert _ask(server, [image, {"type": "text", "text": "what is in the picture"}]).choices[0].message.content
+    assert _ask(server, TRAINED_TEXTS[0]).usage.completion_tokens == MAX_TOKENS
+
+
+def test_streaming_returns_the_same_text(server):
+    content = [_video_part(_data_url(server["clip"])), {"type": "text", "text": "describe the video"}]
+    whole = _ask(server, content).choices[0].message.content
+    pieces = [c.choices[0].delta.content or "" for c in _ask(server, content, stream=True) if c.choices]
+    assert "".join(pieces) == whole
+
+
+def test_concurrent_answers_equal_the_targets_own_greedy_output(server):
+    prompts = TRAINED_TEXTS + ["a green triangle turns around", "what happens after the red square"]
+    with ThreadPoolExecutor(4) as pool:
+        served = list(pool.map(lambda p: _ask(server, p).choices[0].message.content, prompts))
+    llm = make_llm(server["target"])  # the target alone, in this process
+    chats = [[{"role": "user", "content": p}] for p in prompts]
+    reference = [o.outputs[0].text for o in llm.chat(chats, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))]
+    close_llm(llm)
+    assert served == reference
+
+
+@pytest.mark.parametrize("case", ["corrupt video", "truncated video", "file outside allowed path",
+                                  "too many tokens"])
+def test_bad_input_gets_a_4xx_and_the_server_keeps_serving(server, case, tmp_path):
+    raw = server["clip"].read_bytes()
+    bad = {
+        "corrupt video": [_video_part("data:video/mp4;base64," + base64.b64encode(b"\x00junk" * 99).decode()),
+                          {"type": "text", "text": "x"}],
+        "truncated video": [_video_part("data:video/mp4;base64," + base64.b64encode(raw[: len(raw) // 3]).decode()),
+                            {"type": "text", "text": "x"}],
+        "file outside allowed path": [_video_part(write_synthetic_clip(tmp_path / "x.mp4", 4).as_uri()),
+                                      {"type": "text", "text": "x"}],
+        "too many tokens": "word " * 3000,
+    }[case]
+    with pytest.raises(openai.APIStatusError) as err:
+        _ask(server, bad)
+    assert 400 <= err.value.status_code < 500, (case, err.value)
+    hint = {"corrupt video": "cannot decode as video", "truncated video": "cannot decode as video",
+            "file outside allowed path": "allowed-local-media-path", "too many tokens": "maximum context length"}
+    assert hint[case] in str(err.value)
+    assert _ask(server, "still there?").choices[0].message.content is not None
+
+
+def test_prometheus_spec_decode_counters_move(server):
+    def counters():
+        with urllib.request.urlopen(server["url"] + "/metrics") as r:
+            text = r.read().decode()
+        return {name: sum(float(l.split()[-1]) for l in text.splitlines()
+                          if l.startswith(name) and not l.startswith("#"))
+                for name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")}
+
+    before = counters()
+    _ask(server, TRAINED_TEXTS[1])  # a prompt the test draft was distilled on
+    after = counters()
+    assert after["vllm:spec_decode_num_drafts"] > before["vllm:spec_decode_num_drafts"]
+    assert after["vllm:spec_decode_num_accepted_tokens"] > before["vllm:spec_decode_num_accepted_tokens"]

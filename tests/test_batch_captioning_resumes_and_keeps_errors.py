@@ -1,0 +1,89 @@
+"""Offline batch captioning (vllm_sparrow.batch_caption, examples/caption_batch.py): one JSONL
+row per video, bad videos become error rows while the rest are captioned, an interrupted run
+keeps what it finished and a rerun does only the rest, and captions with Sparrow equal the
+target's own greedy captions."""
+
+import json
+
+import pytest
+from conftest import close_llm, make_llm
+
+from vllm_sparrow.batch_caption import CaptionJob, caption_batch
+from vllm_sparrow.video import write_synthetic_clip
+
+KIND = "qwen2_5_vl"
+
+
+@pytest.fixture(scope="module")
+def folder(workdir):
+    root = workdir / "batch-videos"
+    for i in range(4):
+        write_synthetic_clip(root / f"clip{i}.mp4", 8, seed=20 + i)
+    (root / "broken.mp4").write_bytes(b"\x00" * 500)
+    return root
+
+
+def _rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _job(folder, out, target, **kw):
+    return CaptionJob(inputs=str(folder), out=str(out), target=str(target), num_frames=8, max_tokens=12, chunk=2, **kw)
+
+
+@pytest.fixture(scope="module")
+def sparrow_run(folder, workdir, target_dirs, trained_drafts):
+    target, out = target_dirs(KIND), workdir / "batch-sparrow.jsonl"
+    llm = make_llm(target, disable_log_stats=False, speculative_config={
+        "method": "sparrow", "model": str(trained_drafts(KIND)), "num_speculative_tokens": 3})
+    reports = [caption_batch(_job(folder, out, target, limit=3), llm=llm, progress=False),  # "interrupted"
+               caption_batch(_job(folder, out, target), llm=llm, progress=False),
+               caption_batch(_job(folder, out, target), llm=llm, progress=False)]
+    close_llm(llm)
+    return out, reports
+
+
+@pytest.fixture(scope="module")
+def plain(target_dirs):
+    llm = make_llm(target_dirs(KIND), max_model_len=1024)
+    yield llm
+    close_llm(llm)
+
+
+def test_interrupted_run_resumes_and_bad_videos_become_error_rows(folder, sparrow_run):
+    out, (first, rest, again) = sparrow_run
+    assert (first.done, first.errors) == (2, 1)  # broken.mp4 sorts first
+    assert (rest.done, rest.errors, rest.skipped) == (2, 0, 3)
+    assert (again.done, again.skipped) == (0, 5)
+    rows = _rows(out)
+    assert sorted(r["id"] for r in rows) == sorted(p.name for p in folder.iterdir())
+    broken = next(r for r in rows if r["id"] == "broken.mp4")
+    assert "cannot decode as video" in broken["error"] and "caption" not in broken
+    assert rest.mean_acceptance_length is not None and rest.mean_acceptance_length >= 1.0
+
+
+def test_sparrow_captions_equal_the_targets_own(folder, sparrow_run, tmp_path, target_dirs, plain):
+    caption_batch(_job(folder, tmp_path / "plain.jsonl", target_dirs(KIND)), llm=plain, progress=False)
+    reference = {r["id"]: r.get("caption") for r in _rows(tmp_path / "plain.jsonl")}
+    served = {r["id"]: r.get("caption") for r in _rows(sparrow_run[0])}
+    assert sum(c is not None for c in reference.values()) == 4
+    assert served == reference
+
+
+def test_jsonl_input_with_a_bad_line_and_an_over_long_video(folder, tmp_path, target_dirs, plain):
+    target = target_dirs(KIND)
+    long_clip = write_synthetic_clip(tmp_path / "long.mp4", 256, seed=3)  # 2048 visual tokens > 1024
+    src = tmp_path / "items.jsonl"
+    src.write_text("\n".join([json.dumps({"video": str(folder / "clip0.mp4"), "id": "a"}),
+                              "{not json",
+                              json.dumps({"video": str(long_clip), "id": "long"}),
+                              json.dumps({"video": str(folder / "clip1.mp4"), "id": "b", "prompt": "what moves?"})]))
+    job = CaptionJob(inputs=str(src), out=str(tmp_path / "o.jsonl"), target=str(target), num_frames=256,
+                     max_tokens=8, chunk=4)
+    report = caption_batch(job, llm=plain, progress=False)
+    rows = {r["id"]: r for r in _rows(tmp_path / "o.jsonl")}
+    assert set(rows) == {"a", "1", "long", "b"}
+    assert "caption" in rows["a"] and "caption" in rows["b"]
+    assert "not a JSON object" in rows["1"]["error"]
+    assert "longer than the maximum model length" in rows["long"]["error"], rows["long"]
+    assert (report.done, report.errors) == (2, 2)

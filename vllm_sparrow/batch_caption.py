@@ -1,0 +1,184 @@
+"""Offline batch captioning with vLLM's `LLM` (Sparrow on when a draft is given).
+
+Input: a folder of videos or a JSONL of {"video": path, "prompt"?: str, "id"?: str}. Output:
+a JSONL with one row per item, {"id", "video", "caption", "prompt_tokens", "output_tokens"}
+or {"id", "video", "error"}. Rows are appended as each chunk finishes, so an interrupted run
+keeps what it finished and a rerun skips every id already in the output (error rows included:
+delete them to retry). One bad item becomes its error row; the rest of its chunk still runs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+VIDEO_SUFFIXES = (".mp4", ".webm", ".mkv", ".mov", ".avi")
+
+
+@dataclass
+class CaptionJob:
+    inputs: str  # folder of videos or JSONL
+    out: str  # JSONL (appended; rerun to resume)
+    target: str
+    draft: str | None = None  # Sparrow draft directory; None: no speculation
+    num_speculative_tokens: int = 3
+    prompt: str = "Describe this video in detail."
+    num_frames: int = 16
+    max_tokens: int = 256
+    chunk: int = 8  # requests handed to vLLM at once
+    limit: int | None = None  # stop after this many new items (tests, trial runs)
+    engine_args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CaptionReport:
+    done: int
+    errors: int
+    skipped: int  # already in the output
+    seconds: float
+    output_tokens: int
+    mean_acceptance_length: float | None
+
+    def summary(self) -> str:
+        rate = self.done / self.seconds if self.seconds else 0.0
+        acc = "n/a" if self.mean_acceptance_length is None else f"{self.mean_acceptance_length:.2f}"
+        return (f"{self.done} captioned, {self.errors} errors, {self.skipped} already done; "
+                f"{rate:.2f} videos/s, {self.output_tokens / max(self.seconds, 1e-9):.1f} tokens/s; "
+                f"mean acceptance length {acc}")
+
+
+def list_items(inputs: str | Path, prompt: str) -> list[dict]:
+    src = Path(inputs)
+    if src.is_dir():
+        return [{"id": p.name, "video": str(p), "prompt": prompt}
+                for p in sorted(src.iterdir()) if p.suffix.lower() in VIDEO_SUFFIXES]
+    items = []
+    for n, line in enumerate(src.read_text().splitlines()):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            video = str((src.parent / row["video"]) if not Path(row["video"]).is_absolute() else row["video"])
+            items.append({"id": str(row.get("id", n)), "video": video, "prompt": row.get("prompt") or prompt})
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            items.append({"id": str(n), "video": None, "prompt": prompt,
+                          "error": f"line {n + 1}: not a JSON object with a 'video' path ({e})"})
+    return items
+
+
+def caption_batch(job: CaptionJob, llm=None, progress: bool = True) -> CaptionReport:
+    from tqdm import tqdm
+    from vllm import SamplingParams
+
+    out = Path(job.out)
+    done_ids = _done_ids(out)
+    todo = [it for it in list_items(job.inputs, job.prompt) if it["id"] not in done_ids]
+    skipped = len(list_items(job.inputs, job.prompt)) - len(todo)
+    if job.limit is not None:
+        todo = todo[: job.limit]
+    llm = llm or _engine(job)
+    before = _spec_counters(llm)
+    params = SamplingParams(temperature=0.0, max_tokens=job.max_tokens)
+    templater = _templater(job.target)
+    start, n_done, n_err, n_tok = time.perf_counter(), 0, 0, 0
+    bar = tqdm(total=len(todo), desc="caption", unit="video", disable=not progress)
+    for lo in range(0, len(todo), job.chunk):
+        rows = _run_chunk(llm, todo[lo : lo + job.chunk], job, params, templater)
+        with out.open("a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+        n_err += sum("error" in r for r in rows)
+        n_done += sum("caption" in r for r in rows)
+        n_tok += sum(r.get("output_tokens", 0) for r in rows)
+        bar.update(len(rows))
+    bar.close()
+    after = _spec_counters(llm)
+    drafts = after[0] - before[0]
+    acc = 1 + (after[1] - before[1]) / drafts if drafts else None
+    return CaptionReport(n_done, n_err, skipped, time.perf_counter() - start, n_tok, acc)
+
+
+def _run_chunk(llm, items, job, params, templater) -> list[dict]:
+    from .video import decode_video
+
+    rows, requests = [], []
+    for it in items:
+        if "error" in it:
+            rows.append({"id": it["id"], "video": it["video"], "error": it["error"]})
+            continue
+        try:
+            video = decode_video(it["video"], num_frames=job.num_frames)
+        except ValueError as e:  # missing, corrupt, not a video
+            rows.append({"id": it["id"], "video": it["video"], "error": str(e)})
+            continue
+        requests.append((it, {"prompt": templater(it["prompt"]), "multi_modal_data": {"video": video}}))
+    from vllm.exceptions import VLLMClientError
+
+    try:
+        outputs = llm.generate([r for _, r in requests], params, use_tqdm=False)
+        pairs = list(zip(requests, outputs))
+    except (ValueError, VLLMClientError):  # vLLM refused one request (e.g. too long); it
+        # aborted the ones it had added, so each runs alone and only the bad one fails
+        pairs = [(req, _one(llm, req[1], params)) for req in requests]
+    for (it, _), o in pairs:
+        if isinstance(o, Exception):
+            rows.append({"id": it["id"], "video": it["video"], "error": str(o)})
+        else:
+            rows.append({"id": it["id"], "video": it["video"], "caption": o.outputs[0].text,
+                         "prompt_tokens": len(o.prompt_token_ids), "output_tokens": len(o.outputs[0].token_ids)})
+    return rows
+
+
+def _one(llm, request, params):
+    from vllm.exceptions import VLLMClientError
+
+    try:
+        return llm.generate([request], params, use_tqdm=False)[0]
+    except (ValueError, VLLMClientError) as e:
+        return e
+
+
+def _done_ids(out: Path) -> set[str]:
+    if not out.is_file():
+        return set()
+    ids = set()
+    for line in out.read_text().splitlines():
+        try:
+            ids.add(str(json.loads(line)["id"]))
+        except (json.JSONDecodeError, KeyError):
+            continue  # a line cut by an interruption: that item runs again
+    return ids
+
+
+def _templater(target: str):
+    from transformers import AutoProcessor
+
+    proc = AutoProcessor.from_pretrained(target)
+
+    def render(text: str) -> str:
+        messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": text}]}]
+        return proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    return render
+
+
+def _engine(job: CaptionJob):
+    from vllm import LLM
+
+    kw = dict(model=job.target, limit_mm_per_prompt={"video": 1}, disable_log_stats=False)
+    if job.draft:
+        kw["speculative_config"] = {"method": "sparrow", "model": job.draft,
+                                    "num_speculative_tokens": job.num_speculative_tokens}
+    return LLM(**{**kw, **job.engine_args})
+
+
+def _spec_counters(llm) -> tuple[int, int]:
+    try:
+        metrics = llm.get_metrics()
+    except Exception:  # stats disabled on this engine
+        return 0, 0
+    value = {m.name: m.value for m in metrics if hasattr(m, "value")}
+    return int(value.get("vllm:spec_decode_num_drafts", 0)), int(value.get("vllm:spec_decode_num_accepted_tokens", 0))

@@ -127,7 +127,7 @@ def test_concurrent_answers_equal_the_targets_own_greedy_output(server):
 
 
 @pytest.mark.parametrize("case", ["corrupt video", "truncated video", "file outside allowed path",
-                                  "too many tokens"])
+                                  "too many tokens", "empty prompt"])
 def test_bad_input_gets_a_4xx_and_the_server_keeps_serving(server, case, tmp_path):
     raw = server["clip"].read_bytes()
     bad = {
@@ -138,12 +138,14 @@ def test_bad_input_gets_a_4xx_and_the_server_keeps_serving(server, case, tmp_pat
         "file outside allowed path": [_video_part(write_synthetic_clip(tmp_path / "x.mp4", 4).as_uri()),
                                       {"type": "text", "text": "x"}],
         "too many tokens": "word " * 3000,
+        "empty prompt": [{"type": "text", "text": "   "}],
     }[case]
     with pytest.raises(openai.APIStatusError) as err:
         _ask(server, bad)
     assert 400 <= err.value.status_code < 500, (case, err.value)
     hint = {"corrupt video": "cannot decode as video", "truncated video": "cannot decode as video",
-            "file outside allowed path": "allowed-local-media-path", "too many tokens": "maximum context length"}
+            "file outside allowed path": "allowed-local-media-path", "too many tokens": "maximum context length",
+            "empty prompt": "empty prompt"}
     assert hint[case] in str(err.value)
     assert _ask(server, "still there?").choices[0].message.content is not None
 

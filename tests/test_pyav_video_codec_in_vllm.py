@@ -1,5 +1,5 @@
 """vLLM decodes video URLs with PyAV when asked (`media_io_kwargs={"video": {"backend": "pyav"}}`,
-patch pyav-video-codec): the same frames and output as the offline decoder, and a clear error
+patch pyav-video-codec; also the default when opencv cannot load): the same frames and output as the offline decoder, and a clear error
 for a file that is not a video."""
 
 import base64
@@ -51,6 +51,20 @@ def test_pyav_picks_the_same_frames_as_vllms_opencv_codec(loader, tmp_path):
     assert {k: v for k, v in ours_meta.items() if k != "video_backend"} == \
         {k: v for k, v in ref_meta.items() if k != "video_backend"}
     assert np.abs(ours.astype(int) - ref.astype(int)).mean() < 3  # colour conversion rounding
+
+
+def test_default_codec_falls_back_to_pyav_when_opencv_cannot_load(tmp_path, monkeypatch):
+    import sys
+
+    import numpy as np
+    from vllm.multimodal.video import VIDEO_LOADER_REGISTRY
+
+    raw = write_synthetic_clip(tmp_path / "clip.mp4", 24, seed=4).read_bytes()
+    cls = VIDEO_LOADER_REGISTRY.name2class["opencv"]
+    ref, _ = cls.load_bytes(raw, num_frames=8, backend="pyav")
+    monkeypatch.setitem(sys.modules, "cv2", None)  # `import cv2` now raises ImportError
+    frames, meta = cls.load_bytes(raw, num_frames=8)  # vLLM's default codec: opencv
+    assert np.array_equal(frames, ref) and len(meta["frames_indices"]) == 8
 
 
 def test_data_url_video_is_served_with_the_pyav_frames(llm, target_dirs, tmp_path):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vllm_sparrow.world import WorldConfig, caption, render, sample_scene, vocabulary, write_scene
-from vllm_sparrow.world.scene import COLOURS, Scene
+from vllm_sparrow.world.scene import COLOURS, MOTIONS, Scene
 
 CFG = WorldConfig()
 
@@ -22,33 +22,61 @@ def _pixel(frame, xy):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_each_sentence_is_visible_in_the_frames(seed):
+def test_each_object_is_visible_as_captioned(seed):
     scene = sample_scene(seed, CFG)
     for obj in scene.objects:
         frames = render(_alone(scene, obj))
-        at = obj.appear_s * CFG.fps
-        centre = obj.centre_at(obj.appear_s, CFG)
-        assert _pixel(frames[at], centre) == COLOURS[obj.colour], obj  # appears, where said
-        if at > 0:
-            assert not (frames[at - 1] == COLOURS[obj.colour]).all(-1).any()  # not before
-        end = CFG.duration_s if obj.vanish_s is None else obj.vanish_s
-        later = obj.centre_at(end - 0.5, CFG)
-        moved = np.subtract(later, centre)
-        if obj.motion == "stays still":
-            assert np.abs(moved).max() == 0
+        colour = COLOURS[obj.colour]
+        on = [i for i in range(CFG.frames) if (frames[i] == colour).all(-1).any()]
+        assert on, obj  # it is on screen, in its colour
+        assert on == list(range(on[0], on[-1] + 1))  # one stretch: appears once, vanishes once
+        i = on[0] + 1 if on[0] + 1 <= on[-1] else on[0]
+        centre, before = obj.centre_at(i / CFG.fps, CFG), obj.centre_at(on[0] / CFG.fps, CFG)
+        assert _pixel(frames[i], centre) == colour
+        step = np.subtract(centre, before)
+        step = (step + 56) % 112 - 56  # wrap-around motion: the short way round
+        direction = tuple(int(np.sign(round(v, 6))) for v in step)
+        assert direction == MOTIONS[obj.motion], obj
+        side = (frames[on[len(on) // 2]] == colour).all(-1).sum() ** 0.5
+        assert side > {"small": 10, "big": 20}[obj.size] * (0.6 if obj.shape in ("triangle", "cross") else 1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_caption_names_exactly_the_objects_in_the_scene(seed):
+    scene = sample_scene(seed, CFG)
+    text = caption(scene)
+    for colour in COLOURS:
+        said = text.split(f"{colour} : ")[1].split(" .")[0]
+        mine = [o for o in scene.objects if o.colour == colour]
+        if not mine:
+            assert said == "nothing"
         else:
-            axis, sign = {"left": (0, -1), "right": (0, 1), "up": (1, -1), "down": (1, 1)}[obj.motion.split()[1]]
-            assert sign * moved[axis] > 0 and moved[1 - axis] == 0, obj
-        if obj.vanish_s is not None:  # gone from its vanish second on
-            assert not (frames[obj.vanish_s * CFG.fps] == COLOURS[obj.colour]).all(-1).any()
+            assert said.split(" and ") == [f"a {o.size} {o.shape} {o.motion}" for o in mine]
 
 
-def test_captions_are_deterministic_distinct_and_sized():
+def test_long_clips_are_the_short_clip_slowed_down():
+    scene = sample_scene(5, CFG)
+    long = scene.with_duration(CFG.duration_s * 10)
+    short_frames, long_frames = render(scene), render(long, 0, long.cfg.frames)
+    # every moment of the short clip is on screen in the long clip at the same share of time,
+    # with the objects moving at the same on-screen speed
+    for i in range(0, CFG.frames, 5):
+        shown = {o.name for o in scene.objects if o.alive_at(i / CFG.fps, CFG)}
+        assert shown == {o.name for o in long.objects if o.alive_at(i * 10 / long.cfg.fps, long.cfg)}
+    assert long_frames.shape[0] == 10 * short_frames.shape[0]
+
+
+def test_captions_are_deterministic_distinct_and_sized(target_dirs):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(target_dirs("qwen2_5_vl"))  # the demo target's tokenizer
     caps = [caption(sample_scene(s, CFG)) for s in range(40)]
     assert caps[:5] == [caption(sample_scene(s, CFG)) for s in range(5)]
     assert len(set(caps)) == len(caps)
     lengths = [len(c.split()) for c in caps]
-    assert 100 <= min(lengths) and max(lengths) <= 300, (min(lengths), max(lengths))
+    assert 50 <= min(lengths) and max(lengths) <= 150, (min(lengths), max(lengths))  # words
+    tokens = [len(tok(c)["input_ids"]) for c in caps]
+    assert 100 <= min(tokens) and max(tokens) <= 300, (min(tokens), max(tokens))
     words = set(vocabulary())
     assert all(w in words for c in caps for w in c.split())
     assert np.array_equal(render(sample_scene(3, CFG)), render(sample_scene(3, CFG)))

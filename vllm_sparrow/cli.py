@@ -1,4 +1,4 @@
-"""The `sparrow` command: init-draft, capture, probe-layers, train, export, demo."""
+"""The `sparrow` command: init-draft, capture, probe-layers, train, export, demo, bench."""
 
 from __future__ import annotations
 
@@ -75,48 +75,45 @@ def _export(args) -> int:
 
 
 def _demo(args) -> int:
-    """Caption a generated clip with a tiny Qwen2.5-VL built on the spot (until the trained demo
-    models ship): greedy with and without sparrow, same output, acceptance and decode speed."""
+    """run: caption the bundled clips with the shipped demo models, without and with sparrow;
+    build: retrain those models from scratch; samples: rewrite the bundled clips."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from transformers import AutoTokenizer
-    from vllm import LLM, SamplingParams
+    from .demo import run_demo
 
-    from .testing.engine import spec_counters
-    from .testing.quick_draft import make_trained_draft
-    from .testing.tiny_targets import build_tiny_target, make_prompt
-    from .video import decode_video, write_synthetic_clip
+    if args.action == "samples":
+        run_demo.write_samples()
+        print(f"wrote {run_demo.SAMPLES}")
+        return 0
+    if args.action == "build":
+        from .demo.build import DemoBuildConfig, build
+        from .demo.train_target import TargetTrainConfig
 
-    work = Path(args.workdir)
-    target = build_tiny_target("qwen2_5_vl", work / "target")
-    prompt = make_prompt("qwen2_5_vl", target, "describe the video", "video")
-    tok = AutoTokenizer.from_pretrained(str(target))
-    draft = work / "draft"
-    if not (draft / "model.safetensors").exists():
-        print("distilling a small draft on the target's own outputs ...", flush=True)
-        make_trained_draft(target, draft, prompts=[tok(make_prompt("qwen2_5_vl", target, "describe the video", None),
-                                                       add_special_tokens=False)["input_ids"]], steps=150)
-    clip = write_synthetic_clip(work / "clip.mp4", args.frames, seed=1)
-    req = {"prompt": prompt, "multi_modal_data": {"video": decode_video(clip, num_frames=args.frames)}}
-    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    common = dict(model=str(target), enforce_eager=True, dtype="float32", max_model_len=8192,
-                  max_num_batched_tokens=8192, limit_mm_per_prompt={"video": 1})
-    runs = {}
-    for name, extra in (("no speculation", {}), ("sparrow", {"disable_log_stats": False, "speculative_config": {
-            "method": "sparrow", "model": str(draft), "num_speculative_tokens": 3}})):
-        llm = LLM(**common, **extra)
-        t0 = time.perf_counter()
-        out = llm.generate([req], sp, use_tqdm=False)[0]
-        runs[name] = (time.perf_counter() - t0, out, spec_counters(llm) if extra else None)
-        del llm
-    (t_base, base, _), (t_sp, spar, c) = runs["no speculation"], runs["sparrow"]
-    print(f"\nvideo: {args.frames} frames, {len(spar.prompt_token_ids)} prompt tokens")
-    print(f"caption (sparrow): {spar.outputs[0].text!r}")
-    print(f"identical to the target's greedy output: {list(base.outputs[0].token_ids) == list(spar.outputs[0].token_ids)}")
-    if c and c["num_drafts"]:
-        print(f"mean acceptance length (incl. bonus token): {1 + c['num_accepted_tokens'] / c['num_drafts']:.2f}")
-    print(f"wall time for {args.max_tokens} tokens (incl. prefill): {t_base:.2f}s without, {t_sp:.2f}s with sparrow "
-          f"(tiny random model on this machine's CPU: not a speed claim)")
+        cfg = DemoBuildConfig(out=args.models, work=args.workdir,
+                              target=TargetTrainConfig(minutes=args.target_minutes))
+        for name, path in build(cfg).items():
+            print(f"{name}: {path}")
+        return 0
+    return run_demo.run_demo(Path(args.models), max_tokens=args.max_tokens)
+
+
+def _bench(args) -> int:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    from .bench.config import METHODS, BenchConfig, quick
+    from .bench.run import run_bench
+
+    ablations = dict(a.split("=", 1) for a in args.ablation)
+    cfg = BenchConfig(target=args.target, sparrow=args.sparrow, eagle=args.eagle, out=args.out,
+                      methods=tuple(args.methods.split(",")) if args.methods else METHODS,
+                      ablations=ablations, clips_per_length=args.clips,
+                      num_speculative_tokens=args.k, max_tokens=args.max_tokens)
+    if args.lengths:
+        cfg.lengths = tuple(int(x) for x in args.lengths.split(","))
+    if args.quick:
+        cfg = quick(cfg)
+    run_bench(cfg)
+    print((Path(cfg.out) / "table.md").read_text())
     return 0
 
 
@@ -183,11 +180,27 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--run", required=True)
     e.add_argument("--out", required=True)
     e.set_defaults(fn=_export)
-    d = sub.add_parser("demo", help="caption a generated clip with and without sparrow")
-    d.add_argument("--workdir", default="runs/demo")
-    d.add_argument("--frames", type=int, default=32)
-    d.add_argument("--max-tokens", type=int, default=64)
+    d = sub.add_parser("demo", help="the demo models: run (default), build, samples")
+    d.add_argument("action", nargs="?", default="run", choices=("run", "build", "samples"))
+    d.add_argument("--models", default="models/world", help="demo model folder (target, sparrow, eagle)")
+    d.add_argument("--workdir", default="runs/world-build", help="build: intermediate files (resumable)")
+    d.add_argument("--target-minutes", type=float, default=80.0, help="build: target training budget")
+    d.add_argument("--max-tokens", type=int, default=320)
     d.set_defaults(fn=_demo)
+    b = sub.add_parser("bench", help="acceptance and speedup against visual length, per method")
+    b.add_argument("--target", default="models/world/target")
+    b.add_argument("--sparrow", default="models/world/sparrow")
+    b.add_argument("--eagle", default="models/world/eagle")
+    b.add_argument("--out", default="runs/bench")
+    b.add_argument("--lengths", default=None, help="visual tokens, comma separated (default: 512,...,24960)")
+    b.add_argument("--methods", default=None, help="comma separated subset of none,sparrow,eagle,ngram")
+    b.add_argument("--ablation", action="append", default=[], metavar="NAME=DRAFT_DIR",
+                   help="an extra Sparrow draft to run as method NAME (repeatable)")
+    b.add_argument("--clips", type=int, default=2, help="clips per length")
+    b.add_argument("--k", type=int, default=3, help="speculative tokens")
+    b.add_argument("--max-tokens", type=int, default=320)
+    b.add_argument("--quick", action="store_true", help="smoke size: 2 short lengths, 1 clip, 96 tokens")
+    b.set_defaults(fn=_bench)
     args = p.parse_args(argv)
     return args.fn(args)
 

@@ -33,6 +33,10 @@ its own proposer object and its own text-only cache; vLLM allocates no draft KV 
                               `--media-io-kwargs '{"video": {"backend": "pyav"}}'` decodes
                               video URLs / data: URLs with it (the CPU wheel's torchcodec cannot
                               load; opencv stays vLLM's default)
+  video-codec-fallback        when the default "opencv" codec is asked for but cv2 cannot be
+                              imported (a slim install, a broken opencv wheel), videos are
+                              decoded with "pyav" instead of failing every video request;
+                              logged once. An explicitly chosen codec is never replaced.
   chat-empty-prompt           the OpenAI chat endpoint answers a request whose messages carry no
                               text, image or video with a 400 saying so (vLLM would generate
                               from the bare chat template)
@@ -115,6 +119,7 @@ def apply_patches() -> None:
     _patch_cpu_expand_kernel()
     _patch_llava_ov_video_lengths()
     _register_pyav_video_codec()
+    _patch_video_codec_fallback()
     _patch_chat_empty_prompt()
     logger.info("vllm-sparrow: %d vLLM patches applied: %s", len(APPLIED), ", ".join(APPLIED))
 
@@ -342,6 +347,35 @@ def decode_pyav(loader_cls, data: bytes, target, sampling_kwargs: dict):
     frames, _, wanted, kept = decode_video_bytes(data, pick, name="the request's video")
     check_frame_pixel_limit(frames.shape[2], frames.shape[1])
     return frames, chosen["source"], wanted, kept
+
+
+def opencv_importable() -> bool:
+    try:
+        import cv2  # noqa: F401
+    except Exception:  # ImportError, or a wheel whose shared libraries fail to load
+        return False
+    return True
+
+
+def _patch_video_codec_fallback() -> None:
+    from vllm.multimodal import video as video_mod
+
+    def make(original: Callable) -> Callable:
+        @functools.wraps(original)
+        def decode_video(backend, loader_cls, data, target, sampling_kwargs, backend_kwargs, *, frame_recovery):
+            if backend == "opencv" and not opencv_importable():
+                if not getattr(decode_video, "warned", False):
+                    decode_video.warned = True
+                    logger.warning("vllm-sparrow: opencv (cv2) cannot be imported; decoding videos with "
+                                   "PyAV instead (choose a codec with --media-io-kwargs "
+                                   "'{\"video\": {\"backend\": ...}}')")
+                return original("pyav", loader_cls, data, target, sampling_kwargs, {}, frame_recovery=False)
+            return original(backend, loader_cls, data, target, sampling_kwargs, backend_kwargs,
+                            frame_recovery=frame_recovery)
+
+        return decode_video
+
+    _patch("video-codec-fallback", video_mod, "decode_video", make)
 
 
 def _patch_chat_empty_prompt() -> None:

@@ -13,9 +13,10 @@ Qwen2.5-VL / Qwen3-VL require: ``total_num_frames``, ``fps``, ``duration``, ``vi
 
 from __future__ import annotations
 
+import itertools
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -45,11 +46,16 @@ def write_synthetic_clip(
     return write_frames(path, _synthetic_frames(num_frames, width, height, seed), fps)
 
 
-def write_frames(path: str | Path, frames: np.ndarray, fps: float) -> Path:
-    """Encode RGB frames (T, H, W, 3) uint8 as a near-lossless H.264 mp4 at ``fps``."""
+def write_frames(path: str | Path, frames: Iterable[np.ndarray], fps: float) -> Path:
+    """Encode RGB frames (an array [T, H, W, 3] uint8, or any iterable of [H, W, 3] frames, so
+    long clips can be streamed) as a near-lossless H.264 mp4 at ``fps``."""
     import av
 
-    height, width = frames.shape[1:3]
+    frames = iter(frames)
+    first = next(frames, None)
+    if first is None:
+        raise ValueError("no frames to write")
+    height, width = first.shape[:2]
     if width % 2 or height % 2:  # yuv420p halves chroma resolution: odd sizes are rejected
         raise ValueError(f"width and height must be even for yuv420p, got {width}x{height}")
     path = Path(path)
@@ -59,7 +65,7 @@ def write_frames(path: str | Path, frames: np.ndarray, fps: float) -> Path:
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         # crf 10: near-lossless, so decoded frames stay close to the drawn ones.
         stream.options = {"crf": "10", "preset": "veryfast"}
-        for rgb in frames:
+        for rgb in itertools.chain([first], frames):
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
             container.mux(stream.encode(frame))
         container.mux(stream.encode())  # flush the encoder's delayed frames

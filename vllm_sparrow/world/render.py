@@ -7,40 +7,58 @@ from pathlib import Path
 import numpy as np
 
 from ..video import write_frames
-from .scene import COLOURS, ObjectTrack, Scene, WorldConfig
+from .scene import COLOURS, ObjectTrack, Scene
 
 BACKGROUND = (24, 24, 32)
 
 
-def render(scene: Scene) -> np.ndarray:
-    """(T, H, W, 3) uint8; later objects are drawn over earlier ones."""
+def render(scene: Scene, first: int = 0, count: int | None = None) -> np.ndarray:
+    """Frames [count, H, W, 3] uint8 from frame `first` on (default: all of them); objects
+    later in the scene are drawn over earlier ones."""
     cfg = scene.cfg
-    total = cfg.duration_s * cfg.fps
-    ys, xs = np.mgrid[0 : cfg.height, 0 : cfg.width] + 0.5  # pixel centres [H, W]
-    frames = np.empty((total, cfg.height, cfg.width, 3), dtype=np.uint8)
-    for i in range(total):
-        frame = frames[i]
-        frame[:] = BACKGROUND
+    count = cfg.frames - first if count is None else count
+    frames = np.empty((count, cfg.height, cfg.width, 3), dtype=np.uint8)
+    frames[:] = BACKGROUND
+    for i in range(count):
+        t = (first + i) / cfg.fps
         for obj in scene.objects:
-            centre = obj.centre_at(i / cfg.fps, cfg)
+            centre = obj.centre_at(t, cfg)
             if centre is not None:
-                frame[_mask(obj, centre, xs, ys, cfg)] = COLOURS[obj.colour]
+                _draw(frames[i], obj, centre, obj.side(cfg) / 2)
     return frames
 
 
-def _mask(obj: ObjectTrack, centre, xs, ys, cfg: WorldConfig) -> np.ndarray:
-    """[H, W] bool: the pixels the object covers."""
-    dx, dy = xs - centre[0], ys - centre[1]
-    r = obj.side(cfg) / 2
-    if obj.shape == "square":
+def _draw(frame: np.ndarray, obj: ObjectTrack, centre, r: float) -> None:
+    """Paint the object and, where it crosses a border, its wrapped-around copies."""
+    H, W = frame.shape[:2]
+    for ox in (-W, 0, W):
+        for oy in (-H, 0, H):
+            cx, cy = centre[0] + ox, centre[1] + oy
+            x0, x1 = max(0, int(cx - r)), min(W, int(cx + r) + 2)
+            y0, y1 = max(0, int(cy - r)), min(H, int(cy + r) + 2)
+            if x0 >= x1 or y0 >= y1:
+                continue
+            ys, xs = np.mgrid[y0:y1, x0:x1] + 0.5  # pixel centres of the bounding box
+            frame[y0:y1, x0:x1][_mask(obj.shape, xs - cx, ys - cy, r)] = COLOURS[obj.colour]
+
+
+def _mask(shape: str, dx: np.ndarray, dy: np.ndarray, r: float) -> np.ndarray:
+    """Pixels covered by `shape` of half-side r, given offsets from its centre."""
+    if shape == "square":
         return (np.abs(dx) <= r) & (np.abs(dy) <= r)
-    if obj.shape == "circle":
+    if shape == "circle":
         return dx * dx + dy * dy <= r * r
-    if obj.shape == "triangle":  # apex up: width grows linearly towards the base
+    if shape == "triangle":  # apex up: width grows linearly towards the base
         return (dy >= -r) & (dy <= r) & (np.abs(dx) <= (dy + r) / 2)
     bar = r / 3  # cross
     return ((np.abs(dx) <= r) & (np.abs(dy) <= bar)) | ((np.abs(dy) <= r) & (np.abs(dx) <= bar))
 
 
 def write_scene(scene: Scene, path: str | Path) -> Path:
-    return write_frames(path, render(scene), scene.cfg.fps)
+    """Encode the clip with PyAV in chunks of frames (long clips never sit in memory whole)."""
+    return write_frames(path, _chunks(scene), scene.cfg.fps)
+
+
+def _chunks(scene: Scene, size: int = 256):
+    for first in range(0, scene.cfg.frames, size):
+        yield from render(scene, first, min(size, scene.cfg.frames - first))

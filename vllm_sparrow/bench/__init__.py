@@ -1,0 +1,1 @@
+"""Long-video benchmark: methods x visual lengths, measured through vLLM (`sparrow bench`)."""

@@ -1,0 +1,68 @@
+"""results.json, table.md and plot.png from the benchmark's records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .config import BenchConfig
+
+COLUMNS = ("method", "visual tokens", "accept len", "accept (no bonus)", "per position", "draft ms/step",
+           "draft cache KiB", "decode tok/s", "decode speedup", "e2e speedup", "= no spec", "caption acc")
+
+
+def _fmt(v, spec=".2f"):
+    return "-" if v is None else format(v, spec)
+
+
+def table(records: list[dict]) -> str:
+    rows = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in records:
+        per_pos = "/".join(f"{p:.2f}" for p in r["per_position"]) if r.get("per_position") else "-"
+        equal = r.get("outputs_equal_no_spec")
+        rows.append("| " + " | ".join([
+            r["method"], str(r["visual_tokens"]), _fmt(r.get("acceptance_length")),
+            _fmt(r.get("acceptance_length_no_bonus")), per_pos, _fmt(r.get("draft_ms_per_step")),
+            _fmt(r["draft_cache_bytes"] / 1024, ".1f"), _fmt(r.get("decode_tok_s"), ".1f"),
+            _fmt(r.get("decode_speedup")), _fmt(r.get("e2e_speedup")),
+            "-" if equal is None else ("yes" if equal else "NO"), _fmt(r["caption_token_accuracy"], ".3f"),
+        ]) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def write_reports(out: Path, records: list[dict], cfg: BenchConfig, env: dict) -> None:
+    slim = [{k: v for k, v in r.items() if k != "output_token_ids"} for r in records]
+    (out / "results.json").write_text(json.dumps({"environment": env, "settings": cfg.settings(),
+                                                  "records": slim}, indent=1))
+    where = env["gpu"] or f"CPU only ({env['cpu_count']} cores, {env['cpu']})"
+    head = (f"Measured {env['date']} on {where}; vLLM {env['vllm']}, torch {env['torch']}; "
+            f"K={cfg.num_speculative_tokens}, {cfg.clips_per_length} clip(s) per length, greedy, batch size 1.\n\n")
+    (out / "table.md").write_text(head + table(records))
+    plot(records, out / "plot.png", where)
+    print(f"[bench] wrote {out / 'results.json'}, {out / 'table.md'}, {out / 'plot.png'}", flush=True)
+
+
+def plot(records: list[dict], path: Path, where: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, s) = plt.subplots(1, 2, figsize=(11, 4))
+    methods = [m for m in dict.fromkeys(r["method"] for r in records) if m != "none"]
+    for m in methods:
+        rows = sorted((r for r in records if r["method"] == m), key=lambda r: r["visual_tokens"])
+        xs = [r["visual_tokens"] for r in rows]
+        a.plot(xs, [r.get("acceptance_length") or float("nan") for r in rows], marker="o", label=m)
+        s.plot(xs, [r.get("decode_speedup") or float("nan") for r in rows], marker="o", label=m)
+    for ax, title in ((a, "mean acceptance length (incl. bonus)"), (s, "decode speedup vs no speculation")):
+        ax.set_xscale("log")
+        ax.set_xlabel("visual tokens")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    s.axhline(1.0, color="grey", lw=0.8)
+    fig.suptitle(f"vllm-sparrow long-video benchmark ({where})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,157 @@
+"""Run the benchmark: every method over every visual length, one record per (method, length).
+
+Records are appended to <out>/records.jsonl as each (method, length) finishes, so a rerun with
+the same settings skips what is done; results.json, table.md and plot.png are rewritten at the
+end from all records.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+
+from .clips import Clip, eval_clips
+from .config import BenchConfig
+from .engines import (close_engine, draft_timer, eagle_cache_bytes, generate_one, open_engine,
+                      sparrow_peak_bytes)
+
+
+def run_bench(cfg: BenchConfig) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    from ..testing.tiny_targets import make_prompt
+    from .report import write_reports
+
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    clips = eval_clips(out / "clips", cfg.lengths, cfg.clips_per_length, cfg.seed0)
+    tok = AutoTokenizer.from_pretrained(cfg.target)
+    prompt = make_prompt("qwen2_5_vl", tok, cfg.prompt, media="video")
+    done = _load_records(out / "records.jsonl", cfg)
+    methods = list(dict.fromkeys(["none", *cfg.methods, *cfg.ablations]))
+    total = len(methods) * len(cfg.lengths)
+    for method in methods:
+        todo = [n for n in cfg.lengths if (method, n) not in done]
+        if not todo:
+            continue
+        t0 = time.perf_counter()
+        llm = open_engine(method, cfg, max(cfg.lengths))
+        print(f"[bench] {method}: engine up in {time.perf_counter() - t0:.0f}s", flush=True)
+        try:
+            generate_one(llm, _request(prompt, clips[min(cfg.lengths)][0]), 16)  # warm-up, not measured
+            for n in todo:
+                rec = measure(llm, method, n, clips[n], prompt, tok, cfg)
+                done[(method, n)] = rec
+                with open(out / "records.jsonl", "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+                print(f"[bench {len(done)}/{total}] {_line(rec)}", flush=True)
+        finally:
+            close_engine(llm)
+    records = [done[(m, n)] for m in methods for n in cfg.lengths]
+    compare_to_baseline(records)
+    write_reports(out, records, cfg, environment())
+    return records
+
+
+def measure(llm, method: str, tokens: int, clips: list[Clip], prompt: str, tok, cfg: BenchConfig) -> dict:
+    from ..testing.engine import spec_counters
+
+    spec = method != "none"
+    before, timer0 = (spec_counters(llm), draft_timer(llm)) if spec else (None, None)
+    outs = [generate_one(llm, _request(prompt, c), cfg.max_tokens) for c in clips]
+    rec = {"method": method, "visual_tokens": tokens, "clips": len(clips),
+           "prompt_tokens": [o["prompt_tokens"] for o in outs],
+           "output_token_ids": [o["token_ids"] for o in outs],
+           "e2e_s": sum(o["wall_s"] for o in outs), "ttft_s": sum(o["ttft_s"] for o in outs) / len(outs),
+           "decode_tokens": sum(len(o["token_ids"]) - 1 for o in outs),
+           "decode_s": sum(o["decode_s"] for o in outs)}
+    rec["decode_tok_s"] = rec["decode_tokens"] / rec["decode_s"] if rec["decode_s"] > 0 else None
+    rec.update(caption_accuracy(tok, [o["token_ids"] for o in outs], [c.truth for c in clips]))
+    if spec:
+        after, timer1 = spec_counters(llm), draft_timer(llm)
+        drafts = after["num_drafts"] - before["num_drafts"]
+        accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+        per_pos = [a - b for a, b in zip(after["per_pos"], before["per_pos"] or [0] * len(after["per_pos"]))]
+        calls = timer1["calls"] - timer0["calls"]
+        rec.update(drafts=drafts, accepted=accepted,
+                   acceptance_length=1 + accepted / drafts if drafts else None,
+                   acceptance_length_no_bonus=accepted / drafts if drafts else None,
+                   per_position=[p / drafts for p in per_pos] if drafts else None,
+                   draft_ms_per_step=1000 * (timer1["seconds"] - timer0["seconds"]) / calls if calls else None)
+    rec["draft_cache_bytes"] = _cache_bytes(llm, method, outs, cfg)
+    return rec
+
+
+def caption_accuracy(tok, outputs: list[list[int]], truths: list[str]) -> dict:
+    """Share of the true caption's tokens the output reproduces in place, and exact matches."""
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    hit = tot = exact = 0
+    for ids, truth in zip(outputs, truths):
+        want = tok(truth, add_special_tokens=False)["input_ids"] + [end]
+        hit += sum(a == b for a, b in zip(ids, want))
+        tot += len(want)
+        exact += int(list(ids) == want)
+    return {"caption_token_accuracy": hit / tot, "caption_exact": exact / len(truths)}
+
+
+def compare_to_baseline(records: list[dict]) -> None:
+    """Speedups and output equality against the no-speculation record of the same length."""
+    base = {r["visual_tokens"]: r for r in records if r["method"] == "none"}
+    for r in records:
+        b = base.get(r["visual_tokens"])
+        if b is None:
+            continue
+        r["outputs_equal_no_spec"] = r["output_token_ids"] == b["output_token_ids"]
+        r["decode_speedup"] = (r["decode_tok_s"] / b["decode_tok_s"]) if r["decode_tok_s"] and b["decode_tok_s"] else None
+        r["e2e_speedup"] = b["e2e_s"] / r["e2e_s"]
+
+
+def environment() -> dict:
+    import torch
+    import vllm
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"machine": platform.node(), "cpu": platform.processor() or platform.machine(),
+            "cpu_count": __import__("os").cpu_count(), "gpu": gpu, "python": platform.python_version(),
+            "torch": torch.__version__, "vllm": vllm.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def _request(prompt: str, clip: Clip) -> dict:
+    from ..video import decode_video
+
+    return {"prompt": prompt, "multi_modal_data": {"video": decode_video(clip.path)}}
+
+
+def _cache_bytes(llm, method: str, outs: list[dict], cfg: BenchConfig) -> float:
+    if method == "sparrow" or method in cfg.ablations:
+        peaks = sparrow_peak_bytes(llm)
+        return sum(peaks.get(o["request_id"], 0) for o in outs) / len(outs)
+    if method == "eagle":
+        return sum(eagle_cache_bytes(cfg.eagle, o["prompt_tokens"] + len(o["token_ids"])) for o in outs) / len(outs)
+    return 0.0
+
+
+def _load_records(path: Path, cfg: BenchConfig) -> dict:
+    """Finished (method, length) records of an earlier run with the same settings."""
+    settings_file = path.with_name("settings.json")
+    settings = json.dumps(cfg.settings(), sort_keys=True)
+    if settings_file.exists() and settings_file.read_text() != settings:
+        raise SystemExit(f"{path.parent} holds a run with other settings; pick another --out or delete it")
+    settings_file.write_text(settings)
+    done = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                done[(r["method"], r["visual_tokens"])] = r
+    return done
+
+
+def _line(r: dict) -> str:
+    acc = f"acceptance {r['acceptance_length']:.2f}" if r.get("acceptance_length") else "acceptance -"
+    tps = f"{r['decode_tok_s']:.1f} tok/s" if r.get("decode_tok_s") else "- tok/s"
+    return (f"{r['method']:>8} @ {r['visual_tokens']:>6} visual tokens: {acc}, decode {tps}, "
+            f"caption accuracy {r['caption_token_accuracy']:.3f}")

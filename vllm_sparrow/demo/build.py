@@ -1,0 +1,101 @@
+"""`sparrow demo build`: regenerate the shipped demo models in one command.
+
+    sparrow demo build --out models/world          # ~2 h on a 2-core CPU, every stage resumable
+
+Stages (each skipped or resumed when its output is already there):
+  1. target   train the Qwen2.5-VL captioner from scratch   (demo/train_target.py)
+  2. clips    draw the drafts' training clips as mp4 + data.jsonl (held apart from every
+              evaluation seed)
+  3. capture  the pipeline's `sparrow capture`: the target writes each caption; its hidden
+              states (final and IVSB layer, and every position for the EAGLE baseline) are stored
+  4. drafts   `sparrow train` twice on that capture: the Sparrow draft (IVSB + MTP, text window)
+              and the EAGLE-style visual-KV baseline; both exported in their serving formats
+Outputs: <out>/target, <out>/sparrow, <out>/eagle, and <work>/ with the intermediate files.
+The model card figures come from `sparrow demo evaluate` (demo/evaluate.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .train_target import TargetTrainConfig, train_target
+
+DRAFT_SEED0 = 20_000_000  # drafts' training clips; target eval uses 10M+, benchmarks 30M+
+PROMPT_TEXT = "describe the video ."
+
+
+@dataclass
+class DemoBuildConfig:
+    out: str = "models/world"
+    work: str = "runs/world-build"
+    target: TargetTrainConfig = field(default_factory=TargetTrainConfig)
+    draft_clips: dict[int, int] = field(default_factory=lambda: {16: 160, 32: 64})  # seconds -> clips
+    draft_steps: int = 3000
+    draft_lr: float = 1e-3
+    speculative_tokens: int = 3
+    window_tokens: int = 128
+    anchor_tokens: int = 4
+    mtp_steps: int = 2
+
+
+def build(cfg: DemoBuildConfig) -> dict[str, Path]:
+    out, work = Path(cfg.out), Path(cfg.work)
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"[1/4] target -> {out / 'target'}", flush=True)
+    target = train_target(out / "target", cfg.target, resume=True, state_dir=work / "target")
+    print(f"[2/4] clips -> {work / 'clips'}", flush=True)
+    data = write_clips(work / "clips", cfg.draft_clips)
+    print(f"[3/4] capture -> {work / 'capture'}", flush=True)
+    capture_dir = _capture(target, data, work / "capture")
+    drafts = {}
+    for kind in ("sparrow", "eagle"):
+        print(f"[4/4] {kind} draft -> {out / kind}", flush=True)
+        drafts[kind] = _train_draft(cfg, kind, capture_dir, work / f"train-{kind}", out / kind)
+    return {"target": target, **drafts}
+
+
+def write_clips(folder: Path, clips: dict[int, int], seed0: int = DRAFT_SEED0) -> Path:
+    """mp4 clips of the world plus a flat data.jsonl (no responses: the target writes them)."""
+    from ..world import WorldConfig, sample_scene, write_scene
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rows, seed = [], seed0
+    for seconds, count in sorted(clips.items()):
+        for _ in range(count):
+            name = f"s{seed}_{seconds}s.mp4"
+            if not (folder / name).exists():
+                write_scene(sample_scene(seed, WorldConfig(duration_s=seconds)), folder / f"{name}.tmp.mp4")
+                (folder / f"{name}.tmp.mp4").replace(folder / name)  # a killed run leaves no half clip
+            rows.append({"video": name, "prompt": PROMPT_TEXT})
+            seed += 1
+    data = folder / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return data
+
+
+def _capture(target: Path, data: Path, out: Path) -> Path:
+    from ..training.capture import CaptureConfig, capture
+
+    # every frame (2 fps): the draft trains on the visual token counts vLLM will serve
+    report = capture(CaptureConfig(target=str(target), data=str(data), out=str(out), num_frames=10_000,
+                                   max_new_tokens=320, eagle_baseline=True, shard_size=32))
+    print(f"capture: {report.summary()}", flush=True)
+    return out
+
+
+def _train_draft(cfg: DemoBuildConfig, kind: str, capture_dir: Path, run: Path, dest: Path) -> Path:
+    from ..training.train import TrainConfig, train
+
+    result = train(TrainConfig(capture=str(capture_dir), out=str(run), draft_kind=kind, steps=cfg.draft_steps,
+                               lr=cfg.draft_lr, warmup_steps=100, mtp_steps=cfg.mtp_steps,
+                               speculative_tokens=cfg.speculative_tokens, window_tokens=cfg.window_tokens,
+                               anchor_tokens=cfg.anchor_tokens, holdout=8, save_every=250))
+    if result.acceptance is not None:
+        print(f"{kind}: held-out replayed acceptance {result.acceptance.mean_acceptance_length:.2f}", flush=True)
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(result.draft_dir, dest)
+    return dest

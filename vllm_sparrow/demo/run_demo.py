@@ -1,0 +1,102 @@
+"""`make demo`: caption the bundled world clips with vLLM, without and with Sparrow.
+
+For each clip: the caption, whether it equals the target's own greedy caption token for token,
+and (vs. the scene's true caption) how much of it is right; then the mean acceptance length and
+the decode speedup of Sparrow against no speculation, measured in this run on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS = REPO / "models" / "world"
+SAMPLES = REPO / "examples" / "videos"
+
+
+def sample_clips(folder: Path = SAMPLES) -> list[dict]:
+    """The bundled clips: samples.json lists file, visual tokens and true caption."""
+    index = folder / "samples.json"
+    if not index.exists():
+        raise SystemExit(f"{index} is missing: run `sparrow demo samples` to write the sample clips")
+    return [dict(row, path=folder / row["file"]) for row in json.loads(index.read_text())]
+
+
+def run_demo(models: Path = MODELS, max_tokens: int = 320) -> int:
+    from transformers import AutoTokenizer
+
+    from ..bench.config import BenchConfig
+    from ..bench.engines import close_engine, generate_one, open_engine
+    from ..bench.run import caption_accuracy
+    from ..testing.engine import spec_counters
+    from ..testing.tiny_targets import make_prompt
+    from ..video import decode_video
+
+    for part in ("target", "sparrow"):
+        if not (models / part / "config.json").exists():
+            raise SystemExit(f"{models / part} is missing; rebuild the demo models with `sparrow demo build`")
+    clips = sample_clips()
+    cfg = BenchConfig(target=str(models / "target"), sparrow=str(models / "sparrow"), max_tokens=max_tokens)
+    tok = AutoTokenizer.from_pretrained(cfg.target)
+    prompt = make_prompt("qwen2_5_vl", tok, cfg.prompt, media="video")
+    requests = [{"prompt": prompt, "multi_modal_data": {"video": decode_video(c["path"])}} for c in clips]
+    longest = max(c["visual_tokens"] for c in clips)
+    results, counters = {}, None
+    for method in ("none", "sparrow"):
+        t0 = time.perf_counter()
+        llm = open_engine(method, cfg, longest)
+        print(f"engine ({'no speculation' if method == 'none' else 'sparrow'}) ready in "
+              f"{time.perf_counter() - t0:.0f}s", flush=True)
+        try:
+            generate_one(llm, requests[0], 8)  # warm-up
+            before = spec_counters(llm) if method == "sparrow" else None
+            results[method] = [generate_one(llm, r, max_tokens) for r in requests]
+            if before is not None:
+                after = spec_counters(llm)
+                counters = {k: after[k] - before[k] for k in ("num_drafts", "num_accepted_tokens")}
+        finally:
+            close_engine(llm)
+    _print(clips, results, counters, tok, caption_accuracy)
+    return 0 if all(a["token_ids"] == b["token_ids"] for a, b in zip(results["none"], results["sparrow"])) else 1
+
+
+def _print(clips, results, counters, tok, caption_accuracy) -> None:
+    print()
+    for c, base, spec in zip(clips, results["none"], results["sparrow"]):
+        acc = caption_accuracy(tok, [spec["token_ids"]], [c["caption"]])
+        same = "identical" if base["token_ids"] == spec["token_ids"] else "DIFFERENT (bug: please report)"
+        print(f"--- {c['file']}: {c['seconds']} s, {c['visual_tokens']} visual tokens, "
+              f"{base['prompt_tokens']} prompt tokens")
+        print(f"caption with sparrow: {spec['text']}")
+        print(f"  {same} to the target's greedy caption without speculation; "
+              f"{100 * acc['caption_token_accuracy']:.0f}% of the true caption's tokens in place")
+        print(f"  decode: {_tps(base)} tok/s without, {_tps(spec)} tok/s with sparrow")
+    base_s = sum(r["decode_s"] for r in results["none"])
+    spec_s = sum(r["decode_s"] for r in results["sparrow"])
+    if counters and counters["num_drafts"]:
+        print(f"\nmean acceptance length (incl. bonus token, K=3): "
+              f"{1 + counters['num_accepted_tokens'] / counters['num_drafts']:.2f}")
+    print(f"decode speedup vs no speculation (same run, this machine's CPU, batch size 1): "
+          f"{base_s / spec_s:.2f}x")
+
+
+def _tps(r: dict) -> str:
+    return f"{(len(r['token_ids']) - 1) / r['decode_s']:.1f}" if r["decode_s"] > 0 else "-"
+
+
+def write_samples(folder: Path = SAMPLES, seconds=(32, 96, 384), seed0: int = 40_000_000) -> None:
+    """Write the bundled clips and samples.json (scenes the demo models never trained on)."""
+    from ..world import WorldConfig, caption, sample_scene, write_scene
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, s in enumerate(seconds):
+        cfg = WorldConfig(duration_s=s)
+        scene = sample_scene(seed0 + i, cfg)
+        name = f"world_{s}s.mp4"
+        write_scene(scene, folder / name)
+        rows.append({"file": name, "seconds": s, "visual_tokens": cfg.visual_tokens_qwen25vl(),
+                     "caption": caption(scene), "seed": seed0 + i})
+    (folder / "samples.json").write_text(json.dumps(rows, indent=1) + "\n")

@@ -93,3 +93,23 @@ def close_llm(llm):
     collected while a newer one runs tears down the process-wide distributed groups."""
     llm.llm_engine.engine_core.shutdown()  # idempotent (its finalizer is detached)
     gc.collect()
+
+
+DEMO_MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models", "world")
+
+
+@pytest.fixture(scope="session")
+def quick_bench(workdir):
+    """`sparrow bench --quick` on the shipped demo models, every method plus an untrained Sparrow
+    draft as an ablation: run once, read by the benchmark and the demo-model tests."""
+    from vllm_sparrow.bench.config import BenchConfig, quick
+    from vllm_sparrow.bench.run import run_bench
+    from vllm_sparrow.checkpoint import init_draft
+
+    untrained = init_draft(os.path.join(DEMO_MODELS, "target"), workdir / "untrained-world-draft",
+                           window_tokens=128)
+    cfg = quick(BenchConfig(target=os.path.join(DEMO_MODELS, "target"), sparrow=os.path.join(DEMO_MODELS, "sparrow"),
+                            eagle=os.path.join(DEMO_MODELS, "eagle"), out=str(workdir / "bench-quick"),
+                            ablations={"untrained": str(untrained)}))
+    records = run_bench(cfg)
+    return cfg, {(r["method"], r["visual_tokens"]): r for r in records}

@@ -85,6 +85,11 @@ def _demo(args) -> int:
         run_demo.write_samples()
         print(f"wrote {run_demo.SAMPLES}")
         return 0
+    if args.action == "card":
+        from .demo.model_card import write_card
+
+        print(f"wrote {write_card(Path(args.models), Path(args.workdir), Path(args.bench) if args.bench else None)}")
+        return 0
     if args.action == "build":
         from .demo.build import DemoBuildConfig, build
         from .demo.train_target import TargetTrainConfig
@@ -180,11 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--run", required=True)
     e.add_argument("--out", required=True)
     e.set_defaults(fn=_export)
-    d = sub.add_parser("demo", help="the demo models: run (default), build, samples")
-    d.add_argument("action", nargs="?", default="run", choices=("run", "build", "samples"))
+    d = sub.add_parser("demo", help="the demo models: run (default), build, samples, card")
+    d.add_argument("action", nargs="?", default="run", choices=("run", "build", "samples", "card"))
+    d.add_argument("--bench", default=None, help="card: benchmark folder whose results go into the card")
     d.add_argument("--models", default="models/world", help="demo model folder (target, sparrow, eagle)")
     d.add_argument("--workdir", default="runs/world-build", help="build: intermediate files (resumable)")
-    d.add_argument("--target-minutes", type=float, default=80.0, help="build: target training budget")
+    d.add_argument("--target-minutes", type=float, default=50.0, help="build: target training budget (minutes)")
     d.add_argument("--max-tokens", type=int, default=320)
     d.set_defaults(fn=_demo)
     b = sub.add_parser("bench", help="acceptance and speedup against visual length, per method")

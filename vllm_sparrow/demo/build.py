@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass, field
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .train_target import TargetTrainConfig, train_target
@@ -44,16 +45,25 @@ class DemoBuildConfig:
 def build(cfg: DemoBuildConfig) -> dict[str, Path]:
     out, work = Path(cfg.out), Path(cfg.work)
     work.mkdir(parents=True, exist_ok=True)
+    record = {"config": asdict(cfg), "seconds": {}}
+    t = time.perf_counter()
     print(f"[1/4] target -> {out / 'target'}", flush=True)
     target = train_target(out / "target", cfg.target, resume=True, state_dir=work / "target")
+    record["seconds"]["target (this run; see train_log for the whole)"] = time.perf_counter() - t
     print(f"[2/4] clips -> {work / 'clips'}", flush=True)
     data = write_clips(work / "clips", cfg.draft_clips)
+    t = time.perf_counter()
     print(f"[3/4] capture -> {work / 'capture'}", flush=True)
-    capture_dir = _capture(target, data, work / "capture")
+    capture_dir, record["capture"] = _capture(target, data, work / "capture")
+    record["seconds"]["capture"] = time.perf_counter() - t
     drafts = {}
     for kind in ("sparrow", "eagle"):
+        t = time.perf_counter()
         print(f"[4/4] {kind} draft -> {out / kind}", flush=True)
-        drafts[kind] = _train_draft(cfg, kind, capture_dir, work / f"train-{kind}", out / kind)
+        drafts[kind], record[f"{kind}_heldout_replay"] = _train_draft(cfg, kind, capture_dir, work / f"train-{kind}",
+                                                                      out / kind)
+        record["seconds"][f"{kind} draft"] = time.perf_counter() - t
+    (out / "build.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
     return {"target": target, **drafts}
 
 
@@ -83,7 +93,7 @@ def _capture(target: Path, data: Path, out: Path) -> Path:
     report = capture(CaptureConfig(target=str(target), data=str(data), out=str(out), num_frames=10_000,
                                    max_new_tokens=320, eagle_baseline=True, shard_size=32))
     print(f"capture: {report.summary()}", flush=True)
-    return out
+    return out, report.summary()
 
 
 def _train_draft(cfg: DemoBuildConfig, kind: str, capture_dir: Path, run: Path, dest: Path) -> Path:
@@ -93,9 +103,12 @@ def _train_draft(cfg: DemoBuildConfig, kind: str, capture_dir: Path, run: Path, 
                                lr=cfg.draft_lr, warmup_steps=100, mtp_steps=cfg.mtp_steps,
                                speculative_tokens=cfg.speculative_tokens, window_tokens=cfg.window_tokens,
                                anchor_tokens=cfg.anchor_tokens, holdout=8, save_every=250))
+    replay = None
     if result.acceptance is not None:
-        print(f"{kind}: held-out replayed acceptance {result.acceptance.mean_acceptance_length:.2f}", flush=True)
+        replay = {"mean_acceptance_length": result.acceptance.mean_acceptance_length,
+                  "per_position": result.acceptance.per_position, "drafts": result.acceptance.drafts}
+        print(f"{kind}: held-out replayed acceptance {replay['mean_acceptance_length']:.2f}", flush=True)
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(result.draft_dir, dest)
-    return dest
+    return dest, replay

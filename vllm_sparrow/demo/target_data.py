@@ -28,7 +28,7 @@ MEAN = np.array([0.48145466, 0.4578275, 0.40821073], dtype=np.float32)
 STD = np.array([0.26862954, 0.26130258, 0.27577711], dtype=np.float32)
 PATCH, TPATCH, MERGE = 14, 2, 2
 TOKENS_PER_SECOND = 2  # vision_config.tokens_per_second of the demo target
-CATEGORIES = ("colour", "nothing", "size", "shape", "motion", "struct", "end")
+CATEGORIES = ("colour", "shape", "size", "motion", "struct", "end")
 
 
 def patchify(frames: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int]]:
@@ -47,8 +47,6 @@ def word_categories(words: list[str]) -> list[str]:
     for w in words:
         if w in COLOURS:
             cats.append("colour")
-        elif w == "nothing":
-            cats.append("nothing")
         elif w in SIZES:
             cats.append("size")
         elif w in SHAPES:

@@ -1,12 +1,15 @@
-"""The caption of a scene: the objects grouped by colour, every word taken from `vocabulary()`.
+"""The caption of a scene: one sentence per object, objects ordered by colour then shape, every
+word taken from `vocabulary()`.
 
-  "red : a big circle moving left and a small cross staying still . green : nothing .
-   blue : a small square moving up . yellow : nothing . ... that is all ."
+  "there is a red circle , big , moving left . there is a red cross , small , staying still .
+   there is a blue square , small , moving up . ... that is all ."
 
 Everything it says is visible in the frames (which objects appear, their colour, shape, size
-and motion), and two scenes with different content get different captions. Colours come in a
-fixed order and shapes in a fixed order within a colour: a captioner must look for each colour
-in the video rather than track the order of events, which a small model learns far sooner.
+and motion), and two scenes with different content get different captions. Why this shape:
+objects come in a fixed colour order, so a captioner looks each colour up in the video instead
+of tracking the order of events; and each sentence names the colour right before the shape, so
+the shape, size and motion are read from the visual tokens of the colour just written, a
+one-step lookup that a small model learns far sooner than "which object am I describing now".
 """
 
 from __future__ import annotations
@@ -17,17 +20,14 @@ PROMPT = "describe the video ."
 
 
 def caption(scene: Scene) -> str:
-    parts = []
-    for colour in COLOURS:
-        objs = sorted((o for o in scene.objects if o.colour == colour), key=lambda o: SHAPES.index(o.shape))
-        said = " and ".join(f"a {o.size} {o.shape} {o.motion}" for o in objs) or "nothing"
-        parts.append(f"{colour} : {said} .")
-    return " ".join(parts) + " that is all ."
+    order = sorted(scene.objects, key=lambda o: (list(COLOURS).index(o.colour), SHAPES.index(o.shape)))
+    said = [f"there is a {o.colour} {o.shape} , {o.size} , {o.motion} ." for o in order]
+    return " ".join(said + ["that is all ."])
 
 
 def vocabulary() -> list[str]:
     """Every word a caption or the demo prompt can contain."""
-    words = [":", ".", "a", "and", "nothing", "that", "is", "all"] + PROMPT.split()
+    words = ["there", "is", "a", ",", ".", "that", "all"] + PROMPT.split()
     words += list(COLOURS) + list(SIZES) + list(SHAPES)
     for phrase in MOTIONS:
         words += phrase.split()

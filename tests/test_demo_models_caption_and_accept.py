@@ -1,0 +1,56 @@
+"""The shipped demo models (models/world): the target captions held-out world clips and needs the
+video to do it; the trained Sparrow draft is accepted far more often than an untrained one; with
+Sparrow the captions are the target's own, token for token, on the bundled sample videos."""
+
+import os
+
+import pytest
+from conftest import DEMO_MODELS
+
+
+def test_target_captions_held_out_clips_at_every_length(quick_bench):
+    cfg, records = quick_bench
+    for n in cfg.lengths:
+        assert records[("none", n)]["caption_token_accuracy"] > 0.9, (n, records[("none", n)]["caption_token_accuracy"])
+
+
+def test_trained_sparrow_draft_is_accepted_far_more_than_an_untrained_one(quick_bench):
+    cfg, records = quick_bench
+    for n in cfg.lengths:
+        trained, untrained = records[("sparrow", n)], records[("untrained", n)]
+        assert untrained["acceptance_length"] < 1.5
+        assert trained["acceptance_length"] > untrained["acceptance_length"] + 1.0, (n, trained, untrained)
+
+
+@pytest.fixture(scope="module")
+def target_eval():
+    """Teacher-forced accuracy of the target on 16 held-out 16 s clips, real and blank video."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+
+    from vllm_sparrow.demo.target_data import WorldBatches
+    from vllm_sparrow.demo.train_target import EVAL_SEED0, evaluate
+    from vllm_sparrow.testing.tiny_targets import make_prompt
+    from vllm_sparrow.world import WorldConfig
+    from vllm_sparrow.world.caption import PROMPT
+
+    target = os.path.join(DEMO_MODELS, "target")
+    tok = AutoTokenizer.from_pretrained(target)
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(target, dtype=torch.float32)
+    data = WorldBatches(tok, make_prompt("qwen2_5_vl", tok, PROMPT, media="video"))
+    samples = [data.sample(EVAL_SEED0 + 500 + i, WorldConfig(duration_s=16)) for i in range(16)]
+    return evaluate(model, data, samples, batch_size=8)
+
+
+def test_target_needs_the_video(target_eval):
+    real, blank = target_eval["acc"], target_eval["acc_blank"]
+    for part in ("colour", "shape", "size", "motion"):
+        assert real[part] > 0.9, (part, real)
+        assert blank[part] < real[part] - 0.15, (part, real[part], blank[part])
+    assert blank["all"] < real["all"] - 0.05
+
+
+def test_captions_with_sparrow_equal_the_targets_on_the_sample_videos():
+    from vllm_sparrow.demo.run_demo import run_demo
+
+    assert run_demo(max_tokens=160) == 0  # 0: every caption identical without and with sparrow

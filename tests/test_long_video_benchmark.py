@@ -1,0 +1,64 @@
+"""`sparrow bench --quick` (the CI smoke size of the long-video benchmark) measures every method
+on the demo models through vLLM and writes the JSON records, the markdown table and the plot."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+METHODS = ("none", "sparrow", "eagle", "ngram", "untrained")
+
+
+def test_quick_benchmark_measures_every_method_at_every_length(quick_bench):
+    cfg, records = quick_bench
+    assert set(records) == {(m, n) for m in METHODS for n in cfg.lengths}
+    for (method, n), r in records.items():
+        assert r["decode_tok_s"] > 0 and r["e2e_s"] > 0
+        assert len(r["prompt_tokens"]) == cfg.clips_per_length
+        # the prompt holds the clip's visual tokens: the length axis is real
+        assert n <= r["prompt_tokens"][0] <= n + 64, (method, n, r["prompt_tokens"])
+        if method != "none":
+            assert r["drafts"] > 0 and r["draft_ms_per_step"] > 0
+            assert len(r["per_position"]) == cfg.num_speculative_tokens
+            assert r["acceptance_length"] == 1 + r["acceptance_length_no_bonus"]
+            # per-position rates are cumulative acceptance: non-increasing
+            assert all(a >= b for a, b in zip(r["per_position"], r["per_position"][1:]))
+
+
+def test_every_method_reproduces_the_no_speculation_captions(quick_bench):
+    _, records = quick_bench
+    assert all(r["outputs_equal_no_spec"] for r in records.values()), \
+        [(k, r["outputs_equal_no_spec"]) for k, r in records.items()]
+
+
+def test_draft_cache_holds_text_only_for_sparrow_and_every_token_for_eagle(quick_bench):
+    cfg, records = quick_bench
+    short, long = cfg.lengths[0], cfg.lengths[-1]
+    sp_short, sp_long = records[("sparrow", short)], records[("sparrow", long)]
+    assert 0 < sp_long["draft_cache_bytes"] <= 1.1 * sp_short["draft_cache_bytes"]  # flat in video length
+    eg_short, eg_long = records[("eagle", short)], records[("eagle", long)]
+    assert eg_long["draft_cache_bytes"] > 2 * eg_short["draft_cache_bytes"]  # grows with the video
+
+
+def test_results_json_table_and_plot_are_written(quick_bench):
+    cfg, records = quick_bench
+    out = Path(cfg.out)
+    results = json.loads((out / "results.json").read_text())
+    assert len(results["records"]) == len(records)
+    assert results["environment"]["vllm"].startswith("0.32.0")
+    assert results["settings"]["lengths"] == list(cfg.lengths)
+    table = (out / "table.md").read_text()
+    assert "CPU only" in table or "GPU" in table
+    assert sum(line.startswith("| sparrow |") for line in table.splitlines()) == len(cfg.lengths)
+    assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rerun_with_the_same_settings_reuses_finished_records(quick_bench):
+    cfg, records = quick_bench
+    # a finished run: the CLI only rewrites the reports (no engine is started)
+    done = subprocess.run([sys.executable, "-m", "vllm_sparrow.cli", "bench", "--quick", "--out", cfg.out,
+                           "--target", cfg.target, "--sparrow", cfg.sparrow, "--eagle", cfg.eagle,
+                           "--ablation", f"untrained={cfg.ablations['untrained']}"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "engine up" not in done.stdout and "| sparrow |" in done.stdout

@@ -62,10 +62,12 @@ class TorchWindowAttention:
             keys, values = cache.read(cache.slots(s.req_id, k_idx))  # [L, kv_heads, head_dim]
             q_idx = torch.arange(s.q_lo, s.q_hi)
             mask = spec.mask(q_idx, k_idx).to(q.device)  # [n, L]
+            if s.length == 1 and bool(mask.all()):
+                mask = None  # a decode step sees every gathered key: SDPA's unmasked path is faster
             qs = q[row : row + s.length].transpose(0, 1)  # [heads, n, head_dim]
-            ks = keys.to(q.dtype).repeat_interleave(group, dim=1).transpose(0, 1)
-            vs = values.to(q.dtype).repeat_interleave(group, dim=1).transpose(0, 1)
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)  # [heads, n, head_dim]
+            ks = keys.to(q.dtype).transpose(0, 1)  # [kv_heads, L, head_dim]
+            vs = values.to(q.dtype).transpose(0, 1)
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=group > 1)  # [heads, n, head_dim]
             out[row : row + s.length] = o.transpose(0, 1)
             row += s.length
         return out

@@ -109,6 +109,9 @@ def _bench(args) -> int:
     from .bench.run import run_bench
 
     ablations = dict(a.split("=", 1) for a in args.ablation)
+    if args.with_ablations:  # every draft under <sparrow>/../ablations (what `sparrow demo build` writes)
+        folder = Path(args.sparrow).parent / "ablations"
+        ablations.update({d.name: str(d) for d in sorted(folder.iterdir()) if (d / "config.json").exists()})
     cfg = BenchConfig(target=args.target, sparrow=args.sparrow, eagle=args.eagle, out=args.out,
                       methods=tuple(args.methods.split(",")) if args.methods else METHODS,
                       ablations=ablations, clips_per_length=args.clips,
@@ -190,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--bench", default=None, help="card: benchmark folder whose results go into the card")
     d.add_argument("--models", default="models/world", help="demo model folder (target, sparrow, eagle)")
     d.add_argument("--workdir", default="runs/world-build", help="build: intermediate files (resumable)")
-    d.add_argument("--target-minutes", type=float, default=50.0, help="build: target training budget (minutes)")
+    d.add_argument("--target-minutes", type=float, default=30.0, help="build: target training budget (minutes)")
     d.add_argument("--max-tokens", type=int, default=320)
     d.set_defaults(fn=_demo)
     b = sub.add_parser("bench", help="acceptance and speedup against visual length, per method")
@@ -202,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--methods", default=None, help="comma separated subset of none,sparrow,eagle,ngram")
     b.add_argument("--ablation", action="append", default=[], metavar="NAME=DRAFT_DIR",
                    help="an extra Sparrow draft to run as method NAME (repeatable)")
+    b.add_argument("--with-ablations", action="store_true",
+                   help="add every draft in <sparrow>/../ablations (no-mtp, no-ivsb, no-window)")
     b.add_argument("--clips", type=int, default=2, help="clips per length")
     b.add_argument("--k", type=int, default=3, help="speculative tokens")
     b.add_argument("--max-tokens", type=int, default=320)

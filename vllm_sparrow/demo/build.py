@@ -33,13 +33,17 @@ class DemoBuildConfig:
     out: str = "models/world"
     work: str = "runs/world-build"
     target: TargetTrainConfig = field(default_factory=TargetTrainConfig)
-    draft_clips: dict[int, int] = field(default_factory=lambda: {16: 160, 32: 64})  # seconds -> clips
+    draft_clips: dict[int, int] = field(default_factory=lambda: {16: 128, 32: 48})  # seconds -> clips
     draft_steps: int = 3000
     draft_lr: float = 1e-3
     speculative_tokens: int = 3
     window_tokens: int = 128
     anchor_tokens: int = 4
     mtp_steps: int = 2
+    # paper Table 6 in our world: each knob off in turn, same data and steps (shipped under
+    # <out>/ablations/ for `sparrow bench --ablation`)
+    ablations: dict[str, dict] = field(default_factory=lambda: {
+        "no-mtp": {"mtp_steps": 0}, "no-ivsb": {"ivsb": False}, "no-window": {"window_tokens": None}})
 
 
 def build(cfg: DemoBuildConfig) -> dict[str, Path]:
@@ -63,6 +67,12 @@ def build(cfg: DemoBuildConfig) -> dict[str, Path]:
         drafts[kind], record[f"{kind}_heldout_replay"] = _train_draft(cfg, kind, capture_dir, work / f"train-{kind}",
                                                                       out / kind)
         record["seconds"][f"{kind} draft"] = time.perf_counter() - t
+    for name, change in cfg.ablations.items():
+        t = time.perf_counter()
+        print(f"[5/5] ablation {name} {change} -> {out / 'ablations' / name}", flush=True)
+        _, record[f"ablation {name}_heldout_replay"] = _train_draft(
+            cfg, "sparrow", capture_dir, work / f"train-{name}", out / "ablations" / name, **change)
+        record["seconds"][f"ablation {name}"] = time.perf_counter() - t
     (out / "build.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
     return {"target": target, **drafts}
 
@@ -96,13 +106,13 @@ def _capture(target: Path, data: Path, out: Path) -> Path:
     return out, report.summary()
 
 
-def _train_draft(cfg: DemoBuildConfig, kind: str, capture_dir: Path, run: Path, dest: Path) -> Path:
+def _train_draft(cfg: DemoBuildConfig, kind: str, capture_dir: Path, run: Path, dest: Path, **change):
     from ..training.train import TrainConfig, train
 
-    result = train(TrainConfig(capture=str(capture_dir), out=str(run), draft_kind=kind, steps=cfg.draft_steps,
-                               lr=cfg.draft_lr, warmup_steps=100, mtp_steps=cfg.mtp_steps,
-                               speculative_tokens=cfg.speculative_tokens, window_tokens=cfg.window_tokens,
-                               anchor_tokens=cfg.anchor_tokens, holdout=8, save_every=250))
+    knobs = dict(draft_kind=kind, steps=cfg.draft_steps, lr=cfg.draft_lr, warmup_steps=100,
+                 mtp_steps=cfg.mtp_steps, speculative_tokens=cfg.speculative_tokens,
+                 window_tokens=cfg.window_tokens, anchor_tokens=cfg.anchor_tokens, holdout=8, save_every=250)
+    result = train(TrainConfig(capture=str(capture_dir), out=str(run), **{**knobs, **change}))
     replay = None
     if result.acceptance is not None:
         replay = {"mean_acceptance_length": result.acceptance.mean_acceptance_length,

@@ -16,8 +16,7 @@ def _params(folder: Path) -> int:
     for f in folder.glob("*.safetensors"):
         with safe_open(str(f), "pt") as st:
             for k in st.keys():
-                total += st.get_slice(k).get_shape().numel() if hasattr(st.get_slice(k).get_shape(), "numel") \\
-                    else _prod(st.get_slice(k).get_shape())
+                total += _prod(st.get_slice(k).get_shape())
     return total
 
 
@@ -41,7 +40,7 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
         "`sparrow demo build` on a 2-core CPU. Regenerate everything (about 2 hours, resumable):",
         "",
         "    make setup && .venv/bin/sparrow demo build --out models/world --workdir runs/world-build",
-        "    .venv/bin/sparrow bench --out runs/bench && .venv/bin/sparrow demo card --bench runs/bench",
+        "    .venv/bin/sparrow bench --with-ablations --out runs/bench && .venv/bin/sparrow demo card --bench runs/bench",
         "",
         "| part | folder | parameters | format |",
         "|---|---|---|---|",
@@ -55,14 +54,14 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
         " a 2-block vision tower of width 64; byte-level BPE tokenizer of 512 tokens; Qwen2.5-VL processor at"
         " 112x112, 2 fps: one merged visual token per 28x28 px per second (16 per second).",
         f"- Trained for {last['step']} steps ({last['minutes']:.0f} min wall clock, batch {cfg['target']['batch_size']},"
-        f" AdamW lr {cfg['target']['lr']}, cosine over the time budget) on "
-        f"{last['step'] * cfg['target']['batch_size']:,} freshly drawn clips of {cfg['target']['durations']} s"
-        " (no clip seen twice).",
-        f"- Curriculum: 1-3 objects per clip until step {cfg['target']['easy_until']}, ramping to the world's 7-12 by"
-        f" step {cfg['target']['full_from']}.",
-        f"- Long clips: on {cfg['target']['stretch_share']:.0%} of the steps the M-RoPE positions are stretched as if"
-        f" the clip were every s-th second of a clip up to {cfg['target']['max_stretch']:.0f}x longer"
-        " (a long world clip is its short clip slowed down), so 25k-token clips keep working.",
+        f" AdamW lr {cfg['target']['lr']}, cosine over the time budget, init std {cfg['target']['init_range']}) on "
+        f"{last['step'] * cfg['target']['batch_size']:,} freshly drawn clips (no clip seen twice).",
+        "- Curriculum (phase: until step, clip seconds, objects per clip, share of steps with stretched positions): "
+        + "; ".join(f"{p['until_step'] if p['until_step'] < 1 << 29 else 'end'}, {p['durations']}, {p['objects']}, "
+                    f"{p['stretch_share']}" for p in cfg['target']['curriculum']) + ".",
+        f"- Long clips: stretched steps give the M-RoPE positions of a clip up to {cfg['target']['max_stretch']:.0f}x"
+        " longer (every s-th second of it); a long world clip is its short clip slowed down, so this covers 25k-token"
+        " clips without training on them.",
         "",
         "Held-out teacher-forced token accuracy (32 unseen 16 s scenes; real video / stretched positions / blank video):",
         "",

@@ -91,7 +91,8 @@ class WorldBatches:
         enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
         starts = np.cumsum([0] + [len(w) + 1 for w in text.split()])  # char start of each word
         word_cats = word_categories(text.split())
-        cats = [word_cats[int(np.searchsorted(starts, b - 1, side="right")) - 1] for _, b in enc["offset_mapping"]]
+        cats = [word_cats[int(np.searchsorted(starts, b - 1, side="right")) - 1] if text[a:b].strip() else "struct"
+                for a, b in enc["offset_mapping"]]  # a lone-space token (before "," or ".") is template
         return Sample(pixels, grid, enc["input_ids"] + [self.end_id], cats + ["end"])
 
     def positions(self, grid, n_text_after: int, stretch: float) -> torch.Tensor:

@@ -176,9 +176,12 @@ def build_tiny_target(
     hidden_size: int = 128,
     num_layers: int = 2,
     vocab_extra: int = 0,
+    init_range: float | None = None,
 ) -> Path:
     """Write a tiny random ``kind`` model folder to ``out_dir`` and return its path.
 
+    ``init_range`` overrides the weights' init std (default INIT_RANGE = 0.2: large on purpose, so
+    a random model's greedy text is decisive; 0.02, the usual value, for models to be trained).
     ``vocab_extra`` adds embedding rows that no token maps to (real checkpoints pad their
     vocabulary the same way); ``hidden_size`` must be a multiple of 32 (head_dim 32).
     Same arguments -> byte-identical weights.
@@ -192,6 +195,11 @@ def build_tiny_target(
 
     tokenizer = _make_tokenizer(kind)
     config = _make_config(kind, len(tokenizer) + vocab_extra, hidden_size, num_layers)
+    if init_range is not None:
+        config.initializer_range = init_range
+        for sub in ("text_config", "vision_config"):
+            if hasattr(config, sub):
+                getattr(config, sub).initializer_range = init_range
     _save_random_weights(kind, config, out, seed, len(tokenizer))
     _save_processor(kind, tokenizer, out)
     return out

@@ -2,6 +2,9 @@
 
     python benchmarks/bench_window_attention.py [--batch 1 8 32] [--text 512 4096] [--window 128 512]
 
+Where xformers is installed (the GPU requirements), its memory-efficient attention with a local
+causal mask is timed too (no anchors in that mask: checked against the reference with A=0).
+
 One draft step per request (K+1 = 4 query rows at the end of a text run of length L), GQA 28/4
 heads of 128 (Qwen2.5-VL-7B shaped). Reports the median time per launch and the effective
 bandwidth (bytes of K/V actually read / time) against the device's peak when known. The Triton
@@ -54,6 +57,33 @@ def _sdpa(q, k_cache, v_cache, tables, row_req, row_pos, anchors, window, scale)
     return out
 
 
+def _xformers_local(q, k_cache, v_cache, tables, row_req, row_pos, window, scale):
+    """xformers' memory-efficient attention with its bottom-right local causal mask: gather each
+    request's keys from the pages, then one launch for the batch. The mask has no anchors, so this
+    path is checked against the reference with anchors=0 (a GPU speed comparison, optional)."""
+    from xformers.ops import fmha
+
+    batch, rows = tables.shape[0], q.shape[0] // tables.shape[0]
+    bs, kv, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    last = int(row_pos[rows - 1]) + 1  # every request has the same text length in this benchmark
+    idx = torch.arange(max(0, last - rows - window + 1), last, device=q.device)  # keys any row can see
+    slots = tables[:, idx // bs].long() * bs + idx % bs  # [B, L]
+    group = q.shape[1] // kv
+    k = k_cache.view(-1, kv, d)[slots].repeat_interleave(group, dim=2)  # [B, L, H, D]
+    v = v_cache.view(-1, kv, d)[slots].repeat_interleave(group, dim=2)
+    bias = fmha.attn_bias.LowerTriangularFromBottomRightLocalAttentionMask(window)
+    out = fmha.memory_efficient_attention(q.view(batch, rows, *q.shape[1:]), k, v, attn_bias=bias, scale=scale)
+    return out.reshape(q.shape)
+
+
+def _have_xformers() -> bool:
+    try:
+        import xformers.ops  # noqa: F401  (GPU install only: requirements-gpu.txt)
+    except Exception:
+        return False
+    return True
+
+
 def _time(fn, dev, reps):
     fn()
     if dev.type == "cuda":
@@ -83,6 +113,8 @@ def main() -> None:
     peak = next((v for k, v in PEAK_GBPS.items() if k in name), None)
     print(f"device: {name}" + ("" if gpu else " -- no GPU here: the Triton kernel is not timed, and CPU "
                                             "numbers say nothing about GPU speed"))
+    if gpu and not _have_xformers():
+        print("xformers not installed: its local-attention comparison is skipped (pip install xformers)")
     dtype = torch.bfloat16 if gpu else torch.float32
     heads, kv_heads, d, bs, rows = 28, 4, 128, 16, 4
     from vllm_sparrow_kernels.window_attention_ref import window_attention_ref
@@ -101,6 +133,14 @@ def main() -> None:
                     from vllm_sparrow_kernels.window_attention import window_attention
 
                     paths["triton"] = lambda: window_attention(*args, a.anchors, window, scale)
+                if gpu and _have_xformers():
+                    paths["xformers_local"] = lambda: _xformers_local(*args, window, scale)
+                    ref0 = window_attention_ref(*args, 0, window, scale).float()  # its mask: no anchors
+                    try:
+                        torch.testing.assert_close(paths["xformers_local"]().float(), ref0, atol=3e-2, rtol=3e-2)
+                    except AssertionError as e:  # report, do not time a path that computes something else
+                        print(f"xformers_local differs from the reference (anchors=0), not timed: {e}")
+                        del paths["xformers_local"]
                 if batch * text <= 8192:  # the per-row dense reference is slow by design
                     paths["dense_ref"] = lambda: window_attention_ref(*args, a.anchors, window, scale)
                 if "dense_ref" in paths:  # time only paths that compute the same thing

@@ -8,7 +8,7 @@ from pathlib import Path
 from .config import BenchConfig
 
 COLUMNS = ("method", "visual tokens", "accept len", "accept (no bonus)", "per position", "draft ms/step",
-           "draft cache KiB", "decode tok/s", "decode speedup", "e2e speedup", "= no spec", "caption acc")
+           "draft cache KiB", "decode tok/s", "decode speedup", "e2e speedup", "= no spec", "caption words", "objects P/R")
 
 
 def _fmt(v, spec=".2f"):
@@ -25,7 +25,8 @@ def table(records: list[dict]) -> str:
             _fmt(r.get("acceptance_length_no_bonus")), per_pos, _fmt(r.get("draft_ms_per_step")),
             _fmt(r["draft_cache_bytes"] / 1024, ".1f"), _fmt(r.get("decode_tok_s"), ".1f"),
             _fmt(r.get("decode_speedup")), _fmt(r.get("e2e_speedup")),
-            "-" if equal is None else ("yes" if equal else "NO"), _fmt(r["caption_token_accuracy"], ".3f"),
+            "-" if equal is None else ("yes" if equal else "NO"), _fmt(r["caption_word_accuracy"], ".3f"),
+            f"{r['object_precision']:.2f}/{r['object_recall']:.2f}",
         ]) + " |")
     return "\n".join(rows) + "\n"
 

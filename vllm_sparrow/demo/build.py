@@ -34,7 +34,7 @@ class DemoBuildConfig:
     work: str = "runs/world-build"
     target: TargetTrainConfig = field(default_factory=TargetTrainConfig)
     draft_clips: dict[int, int] = field(default_factory=lambda: {16: 128, 32: 48})  # seconds -> clips
-    draft_steps: int = 3000
+    draft_steps: int = 1500
     draft_lr: float = 1e-3
     speculative_tokens: int = 3
     window_tokens: int = 128

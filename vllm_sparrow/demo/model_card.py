@@ -87,8 +87,8 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
         env = res["environment"]
         lines += ["", "## Through vLLM, per visual length (`sparrow bench`)",
                   f"Measured {env['date']} on {env['gpu'] or 'CPU only (%s cores)' % env['cpu_count']}, "
-                  f"vLLM {env['vllm']}; held-out scenes; `caption acc` = share of the true caption's tokens the "
-                  "greedy caption reproduces in place.", "", table(res["records"])]
+                  f"vLLM {env['vllm']}; held-out scenes; `caption words` = 1 - word edit distance / true caption length; "
+                  "`objects P/R` = precision/recall of the named (colour, shape) pairs.", "", table(res["records"])]
     path = models / "README.md"
     path.write_text("\n".join(lines) + "\n")
     return path

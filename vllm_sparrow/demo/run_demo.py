@@ -71,7 +71,8 @@ def _print(clips, results, counters, tok, caption_accuracy) -> None:
               f"{base['prompt_tokens']} prompt tokens")
         print(f"caption with sparrow: {spec['text']}")
         print(f"  {same} to the target's greedy caption without speculation; "
-              f"{100 * acc['caption_token_accuracy']:.0f}% of the true caption's tokens in place")
+              f"word accuracy against the true caption {100 * acc['caption_word_accuracy']:.0f}%, "
+              f"objects named right {100 * acc['object_recall']:.0f}%")
         print(f"  decode: {_tps(base)} tok/s without, {_tps(spec)} tok/s with sparrow")
     base_s = sum(r["decode_s"] for r in results["none"])
     spec_s = sum(r["decode_s"] for r in results["sparrow"])

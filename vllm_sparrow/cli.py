@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--clips", type=int, default=2, help="clips per length")
     b.add_argument("--k", type=int, default=3, help="speculative tokens")
     b.add_argument("--max-tokens", type=int, default=320)
-    b.add_argument("--quick", action="store_true", help="smoke size: 2 short lengths, 1 clip, 96 tokens")
+    b.add_argument("--quick", action="store_true", help="smoke size: 2 short lengths, 1 clip each")
     b.set_defaults(fn=_bench)
     args = p.parse_args(argv)
     return args.fn(args)

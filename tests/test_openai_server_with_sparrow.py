@@ -149,7 +149,8 @@ def test_concurrent_answers_equal_the_targets_own_greedy_output(server):
 
 
 @pytest.mark.parametrize("case", ["corrupt video", "truncated video", "file outside allowed path",
-                                  "too many tokens", "empty prompt", "audio-only file", "two videos"])
+                                  "too many tokens", "empty prompt", "audio-only file", "two videos",
+                                  "unsupported codec"])
 def test_bad_input_gets_a_4xx_and_the_server_keeps_serving(server, case, tmp_path):
     raw = server["clip"].read_bytes()
     bad = {
@@ -165,13 +166,17 @@ def test_bad_input_gets_a_4xx_and_the_server_keeps_serving(server, case, tmp_pat
                             {"type": "text", "text": "x"}],
         "two videos": [_video_part(_data_url(server["clip"])), _video_part(_data_url(server["clip"])),
                        {"type": "text", "text": "x"}],
+        # an intact mp4 whose video sample entry names a codec no decoder knows ("zzzz")
+        "unsupported codec": [_video_part("data:video/mp4;base64," + base64.b64encode(raw.replace(b"avc1", b"zzzz")).decode()),
+                              {"type": "text", "text": "x"}],
     }[case]
     with pytest.raises(openai.APIStatusError) as err:
         _ask(server, bad)
     assert 400 <= err.value.status_code < 500, (case, err.value)
     hint = {"corrupt video": "cannot decode as video", "truncated video": "cannot decode as video",
             "file outside allowed path": "allowed-local-media-path", "too many tokens": "maximum context length",
-            "empty prompt": "empty prompt", "audio-only file": "no video stream", "two videos": "At most 1 video"}
+            "empty prompt": "empty prompt", "audio-only file": "no video stream", "two videos": "At most 1 video",
+            "unsupported codec": "unsupported video codec"}
     assert hint[case] in str(err.value), str(err.value)
     assert _ask(server, "still there?").choices[0].message.content is not None
 

@@ -202,6 +202,11 @@ def _guarded(path: Any, read: Any, *args: Any, source: Any = None) -> Any:
             return read(container, path, *args)
     except VideoDecodeError:
         raise
+    except av.error.DecoderNotFoundError as err:  # the container is fine, its codec is not
+        raise VideoDecodeError(
+            f"{path}: unsupported video codec (no decoder for it in this FFmpeg build: {err}); "
+            "re-encode it, e.g. `ffmpeg -i IN -c:v libx264 -pix_fmt yuv420p OUT.mp4`"
+        ) from err
     except av.FFmpegError as err:  # PyAV's base error for open/demux/decode
         raise VideoDecodeError(
             f"{path}: cannot decode as video ({type(err).__name__}: {err}); "

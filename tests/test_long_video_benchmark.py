@@ -20,8 +20,9 @@ def test_quick_benchmark_measures_every_method_at_every_length(quick_bench):
         if method != "none":
             assert r["drafts"] > 0 and r["draft_ms_per_step"] > 0
             assert len(r["per_position"]) == cfg.num_speculative_tokens
-            assert r["acceptance_length"] == 1 + r["acceptance_length_no_bonus"]
-            # per-position rates are cumulative acceptance: non-increasing
+            # vLLM's two counters agree: accepted tokens == the sum over draft positions
+            assert abs(sum(r["per_position"]) - r["acceptance_length_no_bonus"]) < 1e-9, r
+            # a position is only accepted after every earlier one: non-increasing rates
             assert all(a >= b for a, b in zip(r["per_position"], r["per_position"][1:]))
 
 

@@ -81,12 +81,6 @@ def draft_timer(llm) -> dict:
     return llm.collective_rpc(_read_draft_timer)[0]
 
 
-def sparrow_peak_bytes(llm) -> dict[str, int]:
-    from ..testing.engine import peak_bytes_by_request
-
-    return peak_bytes_by_request(llm)
-
-
 def eagle_cache_bytes(eagle_dir: str, tokens: int, block_size: int = 16) -> int:
     """Bytes of draft K/V vLLM holds for one request of `tokens` tokens (whole blocks)."""
     cfg = json.loads((Path(eagle_dir) / "config.json").read_text())

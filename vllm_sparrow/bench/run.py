@@ -8,14 +8,14 @@ end from all records.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from pathlib import Path
 
 from .clips import Clip, eval_clips
 from .config import BenchConfig
-from .engines import (close_engine, draft_timer, eagle_cache_bytes, generate_one, open_engine,
-                      sparrow_peak_bytes)
+from .engines import close_engine, draft_timer, eagle_cache_bytes, generate_one, open_engine
 
 
 def run_bench(cfg: BenchConfig) -> list[dict]:
@@ -129,7 +129,7 @@ def environment() -> dict:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {"machine": platform.node(), "cpu": platform.processor() or platform.machine(),
-            "cpu_count": __import__("os").cpu_count(), "gpu": gpu, "python": platform.python_version(),
+            "cpu_count": os.cpu_count(), "gpu": gpu, "python": platform.python_version(),
             "torch": torch.__version__, "vllm": vllm.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
@@ -142,7 +142,9 @@ def _request(prompt: str, clip: Clip) -> dict:
 
 def _cache_bytes(llm, method: str, outs: list[dict], cfg: BenchConfig) -> float:
     if method == "sparrow" or method in cfg.ablations:
-        peaks = sparrow_peak_bytes(llm)
+        from ..testing.engine import peak_bytes_by_request
+
+        peaks = peak_bytes_by_request(llm)
         return sum(peaks.get(o["request_id"], 0) for o in outs) / len(outs)
     if method == "eagle":
         return sum(eagle_cache_bytes(cfg.eagle, o["prompt_tokens"] + len(o["token_ids"])) for o in outs) / len(outs)

@@ -40,6 +40,7 @@ class DemoBuildConfig:
     window_tokens: int = 128
     anchor_tokens: int = 4
     mtp_steps: int = 2
+    holdout: int = 8  # last captured clips: the drafts' held-out replay
     # paper Table 6 in our world: each knob off in turn, same data and steps (shipped under
     # <out>/ablations/ for `sparrow bench --ablation`)
     ablations: dict[str, dict] = field(default_factory=lambda: {
@@ -111,7 +112,7 @@ def _train_draft(cfg: DemoBuildConfig, kind: str, capture_dir: Path, run: Path, 
 
     knobs = dict(draft_kind=kind, steps=cfg.draft_steps, lr=cfg.draft_lr, warmup_steps=100,
                  mtp_steps=cfg.mtp_steps, speculative_tokens=cfg.speculative_tokens,
-                 window_tokens=cfg.window_tokens, anchor_tokens=cfg.anchor_tokens, holdout=8, save_every=250)
+                 window_tokens=cfg.window_tokens, anchor_tokens=cfg.anchor_tokens, holdout=cfg.holdout, save_every=250)
     result = train(TrainConfig(capture=str(capture_dir), out=str(run), **{**knobs, **change}))
     replay = None
     if result.acceptance is not None:

@@ -78,7 +78,7 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
               f"- Sparrow: IVSB + MTP ({cfg['mtp_steps']} extra stages), text window {cfg['window_tokens']} + "
               f"{cfg['anchor_tokens']} anchors, K={cfg['speculative_tokens']}, {cfg['draft_steps']} steps, lr {cfg['draft_lr']}.",
               "- EAGLE-style baseline: same data and steps, reads every position (visual ones too), served by vLLM's `eagle`.",
-              f"- Replayed acceptance on the {8} held-out captured clips: Sparrow "
+              f"- Replayed acceptance on the {cfg.get('holdout', 8)} held-out captured clips: Sparrow "
               f"{build['sparrow_heldout_replay']['mean_acceptance_length']:.2f}, EAGLE baseline "
               f"{build['eagle_heldout_replay']['mean_acceptance_length']:.2f}.",
               "- Build times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in build["seconds"].items()) + "."]

@@ -29,7 +29,6 @@ def run_demo(models: Path = MODELS, max_tokens: int = 320) -> int:
 
     from ..bench.config import BenchConfig
     from ..bench.engines import close_engine, generate_one, open_engine
-    from ..bench.run import caption_accuracy
     from ..testing.engine import spec_counters
     from ..testing.tiny_targets import make_prompt
     from ..video import decode_video
@@ -58,11 +57,13 @@ def run_demo(models: Path = MODELS, max_tokens: int = 320) -> int:
                 counters = {k: after[k] - before[k] for k in ("num_drafts", "num_accepted_tokens")}
         finally:
             close_engine(llm)
-    _print(clips, results, counters, tok, caption_accuracy)
+    _print(clips, results, counters, tok)
     return 0 if all(a["token_ids"] == b["token_ids"] for a, b in zip(results["none"], results["sparrow"])) else 1
 
 
-def _print(clips, results, counters, tok, caption_accuracy) -> None:
+def _print(clips, results, counters, tok) -> None:
+    from ..bench.run import caption_accuracy
+
     print()
     for c, base, spec in zip(clips, results["none"], results["sparrow"]):
         acc = caption_accuracy(tok, [spec["token_ids"]], [c["caption"]])

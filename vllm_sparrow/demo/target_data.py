@@ -66,6 +66,14 @@ class Sample:
     categories: list[str]  # one per caption id
 
 
+def blank_like(sample: Sample) -> Sample:
+    """The same caption over a blank clip of the same length (background only)."""
+    gt, gh, gw = sample.grid
+    frames = np.empty((gt * TPATCH, gh * PATCH, gw * PATCH, 3), np.uint8)
+    frames[:] = BACKGROUND
+    return Sample(patchify(frames)[0], sample.grid, sample.caption_ids, sample.categories)
+
+
 class WorldBatches:
     """Builds model inputs from world scenes with the demo target's tokenizer."""
 
@@ -81,12 +89,9 @@ class WorldBatches:
         self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.fill_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
 
-    def sample(self, seed: int, cfg: WorldConfig, blank: bool = False) -> Sample:
+    def sample(self, seed: int, cfg: WorldConfig) -> Sample:
         scene = sample_scene(seed, cfg)
-        frames = render(scene)
-        if blank:
-            frames[:] = BACKGROUND
-        pixels, grid = patchify(frames)
+        pixels, grid = patchify(render(scene))
         text = caption(scene)
         enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
         starts = np.cumsum([0] + [len(w) + 1 for w in text.split()])  # char start of each word

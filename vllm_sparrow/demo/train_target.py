@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..world import WorldConfig
-from .target_data import CATEGORIES, WorldBatches
+from .target_data import CATEGORIES, WorldBatches, blank_like
 
 EVAL_SEED0 = 10_000_000  # held-out scenes; training seeds stay below this
 
@@ -114,8 +114,7 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
     rng = np.random.default_rng()
     rng.bit_generator.state = state["rng"]
     log = open(state_dir / "train_log.jsonl", "a")
-    held_out = {d: [data.sample(EVAL_SEED0 + i, WorldConfig(duration_s=d)) for i in range(cfg.eval_scenes)]
-                for d in (16,)}
+    held_out = [data.sample(EVAL_SEED0 + i, WorldConfig(duration_s=16)) for i in range(cfg.eval_scenes)]
     budget = cfg.minutes * 60
     model.train()
     t_start = time.time() - state["elapsed"]
@@ -124,7 +123,7 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
         step, elapsed = state["step"], time.time() - t_start
         if step % cfg.eval_every == 0 or elapsed >= budget:
             rec = dict(step=step, minutes=round(elapsed / 60, 2), train_loss_ema=ema,
-                       **evaluate(model, data, held_out[16], cfg.batch_size))
+                       **evaluate(model, data, held_out, cfg.batch_size))
             log.write(json.dumps(rec) + "\n"); log.flush()
             print(_eval_line(rec), flush=True)
             if elapsed >= budget:
@@ -185,12 +184,10 @@ def _loss(logits, labels):
 @torch.no_grad()
 def evaluate(model, data: WorldBatches, samples, batch_size: int) -> dict:
     """Teacher-forced accuracy per word category: real video, blank video, stretched positions."""
-    from ..world.render import BACKGROUND  # noqa: F401  (blank clips come from WorldBatches)
-
     was_training = model.training
     model.eval()
     result = {}
-    blank = [type(s)(data_blank(s), s.grid, s.caption_ids, s.categories) for s in samples]
+    blank = [blank_like(s) for s in samples]
     for name, group, stretch in (("acc", samples, 1.0), ("acc_stretch100", samples, 100.0),
                                  ("acc_blank", blank, 1.0)):
         hit = {c: 0 for c in CATEGORIES}
@@ -209,17 +206,6 @@ def evaluate(model, data: WorldBatches, samples, batch_size: int) -> dict:
     if was_training:
         model.train()
     return result
-
-
-def data_blank(sample) -> np.ndarray:
-    """Pixels of a blank clip of the same length (background only)."""
-    from ..world.render import BACKGROUND
-    from .target_data import patchify
-
-    gt, gh, gw = sample.grid
-    frames = np.empty((gt * 2, gh * 14, gw * 14, 3), np.uint8)
-    frames[:] = BACKGROUND
-    return patchify(frames)[0]
 
 
 def _eval_line(rec: dict) -> str:

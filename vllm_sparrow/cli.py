@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 
@@ -53,6 +54,7 @@ def _train(args) -> int:
         batch_samples=args.batch_samples, lr=args.lr, warmup_steps=args.warmup_steps,
         hidden_loss_weight=args.hidden_loss_weight, mtp_steps=args.mtp_steps,
         mtp_weight=args.mtp_weight, ivsb=not args.no_ivsb, visual_fraction=args.visual_fraction,
+        visual_drop=args.visual_drop,
         loss_on_prompt=args.loss_on_prompt, anchor_tokens=args.anchors, window_tokens=window,
         speculative_tokens=args.k, holdout=args.holdout, val_every=args.val_every,
         save_every=args.save_every, seed=args.seed, device=args.device))
@@ -94,8 +96,12 @@ def _demo(args) -> int:
         from .demo.build import DemoBuildConfig, build
         from .demo.train_target import TargetTrainConfig
 
-        cfg = DemoBuildConfig(out=args.models, work=args.workdir,
-                              target=TargetTrainConfig(minutes=args.target_minutes))
+        target = TargetTrainConfig()
+        if args.target_minutes is not None:
+            target.minutes = args.target_minutes
+        if args.extension_minutes is not None:
+            target.extension = replace(target.extension, minutes=args.extension_minutes)
+        cfg = DemoBuildConfig(out=args.models, work=args.workdir, target=target)
         for name, path in build(cfg).items():
             print(f"{name}: {path}")
         return 0
@@ -174,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--mtp-weight", type=float, default=0.5, help="stage s loss weight = w**s")
     t.add_argument("--no-ivsb", action="store_true", help="ablation: no visual states in training")
     t.add_argument("--visual-fraction", type=float, default=1.0, help="share of visual states shown")
+    t.add_argument("--visual-drop", type=float, default=0.0,
+                   help="share of samples trained with no visual states (IVSB dropout)")
     t.add_argument("--loss-on-prompt", action="store_true")
     t.add_argument("--anchors", type=int, default=4)
     t.add_argument("--window", default="512")
@@ -193,7 +201,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--bench", default=None, help="card: benchmark folder whose results go into the card")
     d.add_argument("--models", default="models/world", help="demo model folder (target, sparrow, eagle)")
     d.add_argument("--workdir", default="runs/world-build", help="build: intermediate files (resumable)")
-    d.add_argument("--target-minutes", type=float, default=30.0, help="build: target training budget (minutes)")
+    d.add_argument("--target-minutes", type=float, default=None,
+                   help="build: the target's main training stage, minutes (default: TargetTrainConfig's)")
+    d.add_argument("--extension-minutes", type=float, default=None,
+                   help="build: the target's long-clip extension stage, minutes (default: TargetTrainConfig's)")
     d.add_argument("--max-tokens", type=int, default=320)
     d.set_defaults(fn=_demo)
     b = sub.add_parser("bench", help="acceptance and speedup against visual length, per method")

@@ -33,11 +33,13 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
     evals = [r for r in log if "acc" in r]
     last = evals[-1]
     cfg = build["config"]
+    t = cfg["target"]
+    ext = t["extension"]
     lines = [
         "# World demo models: target captioner, Sparrow draft, EAGLE-style baseline",
         "",
         "Trained from scratch on this project's synthetic video world (`vllm_sparrow/world`) by",
-        "`sparrow demo build` on a 2-core CPU. Regenerate everything (about 2 hours, resumable):",
+        "`sparrow demo build` on a 2-core CPU. Regenerate everything (about 2.5 hours, resumable):",
         "",
         "    make setup && .venv/bin/sparrow demo build --out models/world --workdir runs/world-build",
         "    .venv/bin/sparrow bench --with-ablations --out runs/bench && .venv/bin/sparrow demo card --bench runs/bench",
@@ -53,23 +55,31 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
         f"- {cfg['target']['num_layers']} LM layers of width {cfg['target']['hidden_size']} (head dim 32, GQA 4:2),"
         " a 2-block vision tower of width 64; byte-level BPE tokenizer of 512 tokens; Qwen2.5-VL processor at"
         " 112x112, 2 fps: one merged visual token per 28x28 px per second (16 per second).",
-        f"- Trained for {last['step']} steps ({last['minutes']:.0f} min wall clock, batch {cfg['target']['batch_size']},"
-        f" AdamW lr {cfg['target']['lr']}, cosine over the time budget, init std {cfg['target']['init_range']}) on "
-        f"{last['step'] * cfg['target']['batch_size']:,} freshly drawn clips (no clip seen twice).",
-        "- Curriculum (phase: until step, clip seconds, objects per clip, share of steps with stretched positions): "
-        + "; ".join(f"{p['until_step'] if p['until_step'] < 1 << 29 else 'end'}, {p['durations']}, {p['objects']}, "
-                    f"{p['stretch_share']}" for p in cfg['target']['curriculum']) + ".",
-        f"- Long clips: stretched steps give the M-RoPE positions of a clip up to {cfg['target']['max_stretch']:.0f}x"
-        " longer (every s-th second of it); a long world clip is its short clip slowed down, so this covers 25k-token"
-        " clips without training on them.",
+        f"- Trained for {last['step']} steps ({last['minutes']:.0f} min wall clock) on freshly drawn clips (no clip seen"
+        f" twice): a main stage of {t['minutes']:.0f} min (batch {t['batch_size']}, AdamW lr {t['lr']}, cosine over the"
+        f" time budget, init std {t['init_range']}), then a long-context extension of {ext['minutes']:.0f} min (own"
+        f" cosine from lr {ext['lr']}).",
+        "- Main-stage curriculum (phase: until step, clip seconds, objects per clip, share of steps with stretched "
+        "positions): " + "; ".join(f"{p['until_step'] if p['until_step'] < 1 << 29 else 'end'}, {p['durations']}, "
+                                   f"{p['objects']}, {p['stretch_share']}" for p in t['curriculum']) + ".",
+        f"- Long clips: stretched steps give the M-RoPE positions of a clip up to {t['max_stretch']:.0f}x longer (every"
+        " s-th second of it; a long world clip is its short clip slowed down). Positions alone do not teach what 100x"
+        f" more visual tokens do to attention over the text, so in the extension {ext['long_share']:.0%} of the steps"
+        f" train on real clips of {', '.join(str(d) for d in ext['durations'])} s ({ext['durations'][0] * 16:,}-"
+        f"{ext['durations'][-1] * 16:,} visual tokens, batch {ext['batch_size']}, positions stretched up to"
+        f" {ext['max_stretch']:.0f}x on {ext['stretch_share']:.0%} of them).",
         "",
-        "Held-out teacher-forced token accuracy (32 unseen 16 s scenes; real video / stretched positions / blank video):",
+        "Held-out teacher-forced token accuracy (32 unseen 16 s scenes: real video, stretched positions, blank video;"
+        " and 4 unseen 256 s scenes, 4,096 visual tokens):",
         "",
         "| word kind | " + " | ".join(k for k in last["acc"]) + " |",
         "|---|" + "---|" * len(last["acc"]),
     ]
-    for name in ("acc", "acc_stretch100", "acc_blank"):
-        label = {"acc": "real video", "acc_stretch100": "positions stretched 100x", "acc_blank": "blank video"}[name]
+    labels = {"acc": "real video", "acc_stretch100": "positions stretched 100x", "acc_long": "real 256 s clips",
+              "acc_blank": "blank video"}
+    for name, label in labels.items():
+        if name not in last:
+            continue
         lines.append(f"| {label} | " + " | ".join(f"{v:.3f}" for v in last[name].values()) + " |")
     lines += ["", "`struct` words come from the caption's template; `colour` (which colour comes next), `shape`, "
               "`size` and `motion` can only come from the video, so a blank video drops them to the text prior.", "",

@@ -2,9 +2,11 @@
 
     sparrow demo build   (stage 1 of it; see build.py)
 
-Clips are drawn on the fly (a new scene each sample, so no memorisation), mostly short (8-16 s,
-128-256 visual tokens), with stretched positions on a share of the batches (see
-`target_data.py`) so that 25k-token clips are captioned too. Progress prints every few steps;
+Clips are drawn on the fly (a new scene each sample, so no memorisation). Two stages, as LLMs
+are trained: a main stage on short clips (2-16 s, 32-256 visual tokens) with stretched positions
+on a share of the batches (see `target_data.py`), then a long-context extension stage that mixes
+in real long clips (1k-4k visual tokens, stretched too), because positions alone do not teach a
+model what 100x more visual tokens do to its attention over the text. Progress prints every few steps;
 a checkpoint every `save_every` steps makes the run resumable (`--resume`); held-out
 teacher-forced accuracy is logged per word category, with the real video and with a blank one.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,7 @@ from ..world import WorldConfig
 from .target_data import CATEGORIES, WorldBatches, blank_like
 
 EVAL_SEED0 = 10_000_000  # held-out scenes; training seeds stay below this
+LONG_EVAL_SECONDS, LONG_EVAL_SCENES = 256, 4  # held-out long clips (4k visual tokens) in every eval
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,22 @@ CURRICULUM = (
 )
 
 
+@dataclass(frozen=True)
+class Extension:
+    """The long-context extension stage, run after the main stage's budget: its own warmup and
+    cosine schedule; a `long_share` of its steps train on real long clips (smaller batches, same
+    stretched positions as the main stage), the rest continue the main stage's last phase."""
+
+    minutes: float = 25.0
+    lr: float = 1e-3
+    warmup: int = 20
+    long_share: float = 0.5
+    durations: tuple[int, ...] = (64, 128, 256)  # 1k, 2k, 4k visual tokens
+    batch_size: int = 2
+    stretch_share: float = 0.5  # 256 s x 8 covers the longest benchmark clip's positions
+    max_stretch: float = 8.0
+
+
 @dataclass
 class TargetTrainConfig:
     hidden_size: int = 128
@@ -60,8 +79,9 @@ class TargetTrainConfig:
     batch_size: int = 8
     curriculum: tuple[Phase, ...] = CURRICULUM
     max_stretch: float = 200.0  # 8 s x 200 = 1600 s, past the longest benchmark clip
-    minutes: float = 30.0  # wall-clock budget; the cosine schedule runs over it (time, not steps:
-    # a 2-core CPU fits ~3k steps; a faster machine more)
+    minutes: float = 30.0  # main stage's wall-clock budget; its cosine schedule runs over it (time,
+    # not steps: a 2-core CPU fits ~2.3k steps; a faster machine more)
+    extension: Extension = field(default_factory=Extension)
     max_steps: int = 1_000_000
     eval_every: int = 200
     eval_scenes: int = 32
@@ -71,6 +91,10 @@ class TargetTrainConfig:
 
     def phase(self, step: int) -> Phase:
         return next(p for p in self.curriculum if step < p.until_step)
+
+    @property
+    def total_seconds(self) -> float:
+        return 60 * (self.minutes + self.extension.minutes)
 
 
 def build_untrained(out: Path, cfg: TargetTrainConfig) -> Path:
@@ -115,26 +139,41 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
     rng.bit_generator.state = state["rng"]
     log = open(state_dir / "train_log.jsonl", "a")
     held_out = [data.sample(EVAL_SEED0 + i, WorldConfig(duration_s=16)) for i in range(cfg.eval_scenes)]
-    budget = cfg.minutes * 60
+    held_out_long = [data.sample(EVAL_SEED0 + i, WorldConfig(duration_s=LONG_EVAL_SECONDS))
+                     for i in range(LONG_EVAL_SCENES)]
+    main_s, budget = cfg.minutes * 60, cfg.total_seconds
     model.train()
     t_start = time.time() - state["elapsed"]
     ema = cema = None
     while state["step"] < cfg.max_steps:
         step, elapsed = state["step"], time.time() - t_start
-        if step % cfg.eval_every == 0 or elapsed >= budget:
+        extending = elapsed >= main_s
+        entering = extending and state.get("ext_step0") is None
+        if entering:
+            state["ext_step0"] = step
+            print(f"main stage done at step {step}; long-context extension for {cfg.extension.minutes:.0f} min",
+                  flush=True)
+        if step % cfg.eval_every == 0 or elapsed >= budget or entering:
             rec = dict(step=step, minutes=round(elapsed / 60, 2), train_loss_ema=ema,
-                       **evaluate(model, data, held_out, cfg.batch_size))
+                       stage="extension" if extending else "main",
+                       **evaluate(model, data, held_out, cfg.batch_size, held_out_long))
             log.write(json.dumps(rec) + "\n"); log.flush()
             print(_eval_line(rec), flush=True)
             if elapsed >= budget:
                 break
-        loss, content = _train_step(model, opt, data, rng, cfg, lr=_lr(cfg, step, elapsed / budget), step=step)
+        if extending:
+            ext = cfg.extension
+            lr = _cosine(ext.lr, step - state["ext_step0"], ext.warmup, (elapsed - main_s) / (60 * ext.minutes))
+            long = bool(rng.random() < ext.long_share)
+        else:
+            lr, long = _cosine(cfg.lr, step, cfg.warmup, elapsed / main_s), False
+        loss, content = _train_step(model, opt, data, rng, cfg, lr=lr, step=step, long=long)
         ema = loss if ema is None else 0.98 * ema + 0.02 * loss
         cema = content if cema is None else 0.95 * cema + 0.05 * content
         state.update(step=step + 1, elapsed=time.time() - t_start, rng=rng.bit_generator.state)
         if (step + 1) % 10 == 0:
             print(f"step {step + 1}  loss {loss:.3f}  ema {ema:.3f}  shape/size/motion acc ema {cema:.3f}  "
-                  f"{state['elapsed'] / 60:.1f}/{cfg.minutes:.0f} min", flush=True)
+                  f"{state['elapsed'] / 60:.1f}/{budget / 60:.0f} min", flush=True)
         if (step + 1) % cfg.save_every == 0:
             _save(model, opt, state, cfg, state_dir)
     _save(model, opt, state, cfg, state_dir)
@@ -142,13 +181,17 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
     return out
 
 
-def _train_step(model, opt, data: WorldBatches, rng, cfg: TargetTrainConfig, lr: float, step: int):
-    phase = cfg.phase(step)
-    duration = int(rng.choice(phase.durations))
+def _train_step(model, opt, data: WorldBatches, rng, cfg: TargetTrainConfig, lr: float, step: int,
+                long: bool = False):
+    phase, ext = cfg.phase(step), cfg.extension
+    durations, batch_size = (ext.durations, ext.batch_size) if long else (phase.durations, cfg.batch_size)
+    stretch_share, max_stretch = (ext.stretch_share, ext.max_stretch) if long else (phase.stretch_share,
+                                                                                    cfg.max_stretch)
+    duration = int(rng.choice(durations))
     stretch = 1.0
-    if rng.random() < phase.stretch_share:
-        stretch = float(math.exp(rng.uniform(0.0, math.log(cfg.max_stretch))))
-    seeds = rng.integers(0, EVAL_SEED0, cfg.batch_size)
+    if rng.random() < stretch_share:
+        stretch = float(math.exp(rng.uniform(0.0, math.log(max_stretch))))
+    seeds = rng.integers(0, EVAL_SEED0, batch_size)
     world = WorldConfig(duration_s=duration, min_objects=phase.objects[0], max_objects=phase.objects[1])
     samples = [data.sample(int(s), world) for s in seeds]
     kw, labels, P = data.batch(samples, stretch)
@@ -182,14 +225,18 @@ def _loss(logits, labels):
 
 
 @torch.no_grad()
-def evaluate(model, data: WorldBatches, samples, batch_size: int) -> dict:
-    """Teacher-forced accuracy per word category: real video, blank video, stretched positions."""
+def evaluate(model, data: WorldBatches, samples, batch_size: int, long_samples=()) -> dict:
+    """Teacher-forced accuracy per word category: real video, blank video, stretched positions,
+    and real long clips (`long_samples`, one at a time)."""
     was_training = model.training
     model.eval()
     result = {}
     blank = [blank_like(s) for s in samples]
-    for name, group, stretch in (("acc", samples, 1.0), ("acc_stretch100", samples, 100.0),
-                                 ("acc_blank", blank, 1.0)):
+    groups = [("acc", samples, 1.0, batch_size), ("acc_stretch100", samples, 100.0, batch_size),
+              ("acc_blank", blank, 1.0, batch_size)]
+    if long_samples:
+        groups.append(("acc_long", list(long_samples), 1.0, 1))
+    for name, group, stretch, batch_size in groups:
         hit = {c: 0 for c in CATEGORIES}
         tot = {c: 0 for c in CATEGORIES}
         for i in range(0, len(group), batch_size):
@@ -210,9 +257,10 @@ def evaluate(model, data: WorldBatches, samples, batch_size: int) -> dict:
 
 def _eval_line(rec: dict) -> str:
     a, s, b = rec["acc"], rec["acc_stretch100"], rec["acc_blank"]
-    cats = " ".join(f"{c} {a[c]:.2f}/{s[c]:.2f}/{b[c]:.2f}" for c in CATEGORIES)
+    n = rec.get("acc_long", {c: float("nan") for c in a})
+    cats = " ".join(f"{c} {a[c]:.2f}/{s[c]:.2f}/{n[c]:.2f}/{b[c]:.2f}" for c in CATEGORIES)
     return (f"[eval step {rec['step']} {rec['minutes']} min] all {a['all']:.3f} (stretched {s['all']:.3f}, "
-            f"blank {b['all']:.3f}) | real/stretched/blank: {cats}")
+            f"{LONG_EVAL_SECONDS} s clips {n['all']:.3f}, blank {b['all']:.3f}) | real/stretched/long/blank: {cats}")
 
 
 def _optimizer(model, cfg: TargetTrainConfig):
@@ -222,9 +270,10 @@ def _optimizer(model, cfg: TargetTrainConfig):
                               {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.98))
 
 
-def _lr(cfg: TargetTrainConfig, step: int, frac: float) -> float:
-    warm = min(1.0, (step + 1) / cfg.warmup)
-    return cfg.lr * warm * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+def _cosine(peak: float, step: int, warmup: int, frac: float) -> float:
+    """Linear warmup over `warmup` steps, then cosine to 5% of `peak` at `frac` = 1."""
+    warm = min(1.0, (step + 1) / warmup)
+    return peak * warm * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
 def _save(model, opt, state, cfg: TargetTrainConfig, out: Path) -> None:

@@ -109,3 +109,23 @@ def test_interrupted_capture_resumes_where_it_stopped(dataset, workdir, monkeypa
     assert sorted(i for _, i in resumed.where) == sorted(i for _, i in reference.where)
     with pytest.raises(CaptureMismatch, match="num_frames"):
         capture(CaptureConfig(**{**vars(_cfg(dataset, out)), "num_frames": 8}), progress=False)
+
+
+def test_capture_refuses_to_extend_a_capture_of_other_target_weights(workdir, dataset, target_dirs):
+    """A target retrained in place (same path, new weights) must not add samples to a capture
+    of its old self: the drafts would train on a mix of two targets."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    target = workdir / "capture-retrained-target"
+    shutil.copytree(dataset["target"], target)
+    cfg = CaptureConfig(**{**vars(_cfg(dataset, workdir / "cap-retrained")), "target": str(target), "limit": 1})
+    assert capture(cfg, progress=False).kept == 1
+    weights = target / "model.safetensors"
+    tensors = load_file(weights)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1.0
+    save_file(tensors, weights, metadata={"format": "pt"})
+    with pytest.raises(CaptureMismatch, match="target_weights"):
+        capture(CaptureConfig(**{**vars(cfg), "limit": 2}), progress=False)

@@ -2,7 +2,8 @@
 
     sparrow demo build --out models/world          # ~2 h on a 2-core CPU, every stage resumable
 
-Stages (each skipped or resumed when its output is already there):
+Stages (each skipped or resumed when its output is already there; a target whose weights
+changed makes stages 3-4 start over):
   1. target   train the Qwen2.5-VL captioner from scratch   (demo/train_target.py)
   2. clips    draw the drafts' training clips as mp4 + data.jsonl (held apart from every
               evaluation seed)
@@ -44,7 +45,10 @@ class DemoBuildConfig:
     # paper Table 6 in our world: each knob off in turn, same data and steps (shipped under
     # <out>/ablations/ for `sparrow bench --ablation`)
     ablations: dict[str, dict] = field(default_factory=lambda: {
-        "no-mtp": {"mtp_steps": 0}, "no-ivsb": {"ivsb": False}, "no-window": {"window_tokens": None}})
+        "no-mtp": {"mtp_steps": 0}, "no-ivsb": {"ivsb": False}, "no-window": {"window_tokens": None},
+        # not in the paper: IVSB on half the samples only (is the full-IVSB draft hurt by never
+        # training the visual-free path it serves with?)
+        "ivsb-drop50": {"visual_drop": 0.5}})
 
 
 def build(cfg: DemoBuildConfig) -> dict[str, Path]:
@@ -55,6 +59,7 @@ def build(cfg: DemoBuildConfig) -> dict[str, Path]:
     print(f"[1/4] target -> {out / 'target'}", flush=True)
     target = train_target(out / "target", cfg.target, resume=True, state_dir=work / "target")
     record["seconds"]["target (this run; see train_log for the whole)"] = time.perf_counter() - t
+    _forget_work_of_other_targets(work, target)
     print(f"[2/4] clips -> {work / 'clips'}", flush=True)
     data = write_clips(work / "clips", cfg.draft_clips)
     t = time.perf_counter()
@@ -76,6 +81,23 @@ def build(cfg: DemoBuildConfig) -> dict[str, Path]:
         record["seconds"][f"ablation {name}"] = time.perf_counter() - t
     (out / "build.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
     return {"target": target, **drafts}
+
+
+def _forget_work_of_other_targets(work: Path, target: Path) -> None:
+    """Captures and draft runs belong to one set of target weights: when the capture there was
+    made by other weights (the target retrained or trained longer) or is missing, remove it and
+    the draft runs so stages 3-4 redo them instead of resuming."""
+    from ..training.capture import weights_fingerprint
+    from ..training.shards import load_manifest
+
+    manifest = load_manifest(work / "capture") if (work / "capture").is_dir() else None
+    if manifest is not None and manifest.settings.get("target_weights") == weights_fingerprint(target):
+        return
+    stale = [p for p in [work / "capture", *sorted(work.glob("train-*"))] if p.exists()]
+    if stale:
+        print(f"not made by this target's weights: redoing {', '.join(p.name for p in stale)}", flush=True)
+    for path in stale:
+        shutil.rmtree(path)
 
 
 def write_clips(folder: Path, clips: dict[int, int], seed0: int = DRAFT_SEED0) -> Path:

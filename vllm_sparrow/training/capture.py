@@ -46,10 +46,29 @@ class CaptureConfig:
     eagle_baseline: bool = False  # also store what the EAGLE-style baseline trains on
 
     def settings(self) -> dict:
-        """What must not change between a run and its resumption."""
+        """What must not change between a run and its resumption, the target's weights included
+        (a retrained target at the same path must not extend a capture of its old self)."""
         keep = ("target", "data", "ivsb_layer", "num_frames", "regenerate", "max_new_tokens",
                 "max_seq_len", "store_dtype", "eagle_baseline")
-        return {k: v for k, v in asdict(self).items() if k in keep}
+        return {**{k: v for k, v in asdict(self).items() if k in keep},
+                "target_weights": weights_fingerprint(self.target)}
+
+
+def weights_fingerprint(model: str | Path) -> str | None:
+    """sha256 (first 16 hex digits) over a local model folder's weight files, in name order;
+    None for a hub id or a folder without weight files."""
+    import hashlib
+
+    folder = Path(model)
+    files = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")) if folder.is_dir() else []
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
 
 
 @dataclass

@@ -4,6 +4,7 @@ Engines run in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) and are shared per tes
 """
 
 import gc
+import json
 import os
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -96,6 +97,24 @@ def close_llm(llm):
 
 
 DEMO_MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models", "world")
+
+
+@pytest.fixture(scope="session")
+def small_capture(workdir, target_dirs):
+    """Four 4-frame clips captured from the tiny Qwen2.5-VL target (training tests)."""
+    from vllm_sparrow.training.capture import CaptureConfig, capture
+    from vllm_sparrow.video import write_synthetic_clip
+
+    root = workdir / "small-capture-data"
+    root.mkdir()
+    rows = []
+    for i in range(4):
+        write_synthetic_clip(root / f"v{i}.mp4", 4, width=112, height=112, seed=i)
+        rows.append({"video": f"v{i}.mp4", "prompt": f"describe clip {i}"})
+    (root / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    capture(CaptureConfig(target=str(target_dirs("qwen2_5_vl")), data=str(root / "data.jsonl"), out=str(root / "cap"),
+                          num_frames=4, max_new_tokens=12), progress=False)
+    return root / "cap"
 
 
 @pytest.fixture(scope="session")

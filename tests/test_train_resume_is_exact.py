@@ -9,27 +9,7 @@ import torch
 
 from vllm_sparrow.training.train import TrainConfig, train
 
-KIND = "qwen2_5_vl"
-
-
-@pytest.fixture(scope="module")
-def capture_dir(workdir, target_dirs):
-    from vllm_sparrow.training.capture import CaptureConfig, capture
-    from vllm_sparrow.video import write_synthetic_clip
-
-    root = workdir / "resume-data"
-    root.mkdir()
-    rows = []
-    for i in range(4):
-        write_synthetic_clip(root / f"v{i}.mp4", 4, width=112, height=112, seed=i)
-        rows.append({"video": f"v{i}.mp4", "prompt": f"describe clip {i}"})
-    (root / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    capture(CaptureConfig(target=str(target_dirs(KIND)), data=str(root / "data.jsonl"), out=str(root / "cap"),
-                          num_frames=4, max_new_tokens=12), progress=False)
-    return root / "cap"
-
-
-def _cfg(capture_dir, out, steps, **kw):
+def _cfg(small_capture, out, steps, **kw):
     return TrainConfig(capture=str(capture_dir), out=str(out), steps=steps, lr=3e-3, mtp_steps=1,
                        visual_fraction=0.5, window_tokens=16, holdout=1, save_every=3, log_every=3, **kw)
 
@@ -38,11 +18,11 @@ def _weights(run):
     return torch.load(run / "checkpoint.pt", weights_only=False)["draft"]
 
 
-def test_stopped_and_resumed_run_equals_an_uninterrupted_one(capture_dir, workdir):
+def test_stopped_and_resumed_run_equals_an_uninterrupted_one(small_capture, workdir):
     straight, resumed = workdir / "run-straight", workdir / "run-resumed"
-    train(_cfg(capture_dir, straight, 9), progress=False)
-    train(_cfg(capture_dir, resumed, 6), progress=False)  # "stopped" after its step-6 checkpoint
-    train(_cfg(capture_dir, resumed, 9), progress=False)
+    train(_cfg(small_capture, straight, 9), progress=False)
+    train(_cfg(small_capture, resumed, 6), progress=False)  # "stopped" after its step-6 checkpoint
+    train(_cfg(small_capture, resumed, 9), progress=False)
     logged = [json.loads(x) for x in (resumed / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged if "loss" in r] == [3, 6, 9], "the second run must continue at 6"
     a, b = _weights(straight), _weights(resumed)
@@ -50,10 +30,10 @@ def test_stopped_and_resumed_run_equals_an_uninterrupted_one(capture_dir, workdi
     for key in a:
         assert torch.equal(a[key], b[key]), key
     with pytest.raises(ValueError, match="mtp_steps"):
-        train(TrainConfig(**{**vars(_cfg(capture_dir, resumed, 12)), "mtp_steps": 2}), progress=False)
+        train(TrainConfig(**{**vars(_cfg(small_capture, resumed, 12)), "mtp_steps": 2}), progress=False)
 
 
-def test_export_writes_a_loadable_plugin_draft(capture_dir, workdir):
+def test_export_writes_a_loadable_plugin_draft(small_capture, workdir):
     from vllm_sparrow.checkpoint import load_draft
     from vllm_sparrow.training.export import export_run
 

@@ -47,6 +47,8 @@ class TrainConfig:
     mtp_weight: float = 0.5  # stage s weight = mtp_weight ** s
     ivsb: bool = True  # show intermediate visual states during training
     visual_fraction: float = 1.0  # share of visual states shown (0, 0.5, 1 in the paper)
+    visual_drop: float = 0.0  # share of samples trained with no visual states at all: the draft
+    # serves without them, so this trains the path it serves with on the rest of IVSB's samples
     loss_on_prompt: bool = False  # score prompt text tokens too (vLLM drafts only after it)
     anchor_tokens: int = 4  # used when init is None
     window_tokens: int | None = 512
@@ -106,10 +108,11 @@ def _loop(cfg, out, reader, train_idx, val_idx, draft, io, bridge, opt, state, r
         for _ in range(cfg.batch_samples):
             if not order:  # a new epoch: a seeded permutation, this rank's share
                 order = [train_idx[i] for i in torch.randperm(len(train_idx), generator=gen).tolist()][rank::world]
-            sample = _load(reader, order.pop(0))
+            index = order.pop(0)
+            sample = _load(reader, index)
             if sample is None:
                 continue
-            stages = _sample_stages(cfg, draft, io, bridge, sample, gen)
+            stages = _sample_stages(cfg, draft, io, bridge, sample, gen, _visual_shown(cfg, step, index))
             loss = sum((cfg.mtp_weight ** s) * r.loss for s, r in enumerate(stages)) / cfg.batch_samples
             loss.backward()
             window["loss"] += loss.item()
@@ -155,7 +158,15 @@ def _load(reader, pos: int) -> dict | None:
     return sample
 
 
-def _sample_stages(cfg, draft, io, bridge, sample, gen):
+def _visual_shown(cfg: TrainConfig, step: int, index: int) -> bool:
+    """IVSB dropout: whether this step's sample gets its visual states. A pure function of
+    (seed, step, sample), so a resumed run drops the same ones and the shuffling RNG is untouched."""
+    import random
+
+    return cfg.visual_drop <= 0 or random.Random(f"{cfg.seed}:{step}:{index}").random() >= cfg.visual_drop
+
+
+def _sample_stages(cfg, draft, io, bridge, sample, gen, show_visual: bool = True):
     if cfg.draft_kind == "eagle":
         return _eagle_stages(cfg, draft, io, sample)
     is_visual = sample["is_visual"]
@@ -168,7 +179,7 @@ def _sample_stages(cfg, draft, io, bridge, sample, gen):
     if not cfg.loss_on_prompt:
         scored = torch.arange(n, device=dev) + 2 >= prompt_text  # label x[t+2] is a response token
     visual = None
-    if cfg.ivsb and sample["visual_hidden"].shape[0] and cfg.visual_fraction > 0:
+    if cfg.ivsb and show_visual and sample["visual_hidden"].shape[0] and cfg.visual_fraction > 0:
         keep = pick_visual(sample["visual_hidden"].shape[0], cfg.visual_fraction, gen)
         vpos = visual_text_positions(is_visual)[keep]
         vk, vv = visual_keys(draft, bridge, sample["visual_hidden"][keep].to(dev), vpos.to(dev))

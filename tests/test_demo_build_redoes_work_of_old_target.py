@@ -50,3 +50,18 @@ def test_build_redoes_draft_runs_left_without_their_capture(tmp_path):
     (work / "train-sparrow").mkdir(parents=True)
     _forget_work_of_other_targets(work, target)
     assert not (work / "train-sparrow").exists()
+
+
+def test_build_retrains_a_draft_whose_recipe_changed(small_capture, tmp_path):
+    """A draft run made with another recipe (here IVSB dropout) is trained again, not refused."""
+    import json
+
+    from vllm_sparrow.demo.build import DemoBuildConfig, _train_draft
+
+    cfg = DemoBuildConfig(draft_steps=2, holdout=1, window_tokens=16, mtp_steps=1, visual_drop=0.0)
+    run, dest = tmp_path / "train-sparrow", tmp_path / "sparrow"
+    _train_draft(cfg, "sparrow", small_capture, run, dest)
+    cfg.visual_drop = 0.5
+    _train_draft(cfg, "sparrow", small_capture, run, dest)
+    assert json.loads((run / "train_config.json").read_text())["visual_drop"] == 0.5
+    assert (dest / "config.json").exists()

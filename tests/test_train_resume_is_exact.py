@@ -9,8 +9,9 @@ import torch
 
 from vllm_sparrow.training.train import TrainConfig, train
 
-def _cfg(small_capture, out, steps, **kw):
-    return TrainConfig(capture=str(capture_dir), out=str(out), steps=steps, lr=3e-3, mtp_steps=1,
+
+def _cfg(capture, out, steps, **kw):
+    return TrainConfig(capture=str(capture), out=str(out), steps=steps, lr=3e-3, mtp_steps=1,
                        visual_fraction=0.5, window_tokens=16, holdout=1, save_every=3, log_every=3, **kw)
 
 

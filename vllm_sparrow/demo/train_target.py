@@ -108,7 +108,7 @@ def build_untrained(out: Path, cfg: TargetTrainConfig) -> Path:
 def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
                  state_dir: str | Path | None = None) -> Path:
     """Train into `out` (the servable model folder); the checkpoint and log go to `state_dir`
-    (default: `out`). With `resume`, a finished run only re-evaluates and saves."""
+    (default: `out`). With `resume`, a finished run is only saved to `out` (if it is not there)."""
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
     from ..testing.tiny_targets import make_prompt
@@ -135,6 +135,10 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
         opt.load_state_dict(saved["opt"])
         state = saved["state"]
         print(f"resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min done)", flush=True)
+        if state["elapsed"] >= cfg.total_seconds:  # finished: keep its log and weights as they are
+            if not (out / "model.safetensors").exists():
+                model.save_pretrained(out, safe_serialization=True)
+            return out
     rng = np.random.default_rng()
     rng.bit_generator.state = state["rng"]
     log = open(state_dir / "train_log.jsonl", "a")

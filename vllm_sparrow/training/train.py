@@ -253,17 +253,28 @@ def _resume(out: Path, draft, bridge, opt) -> dict:
     return ckpt
 
 
+def settings_changed(out: Path, cfg: TrainConfig) -> list[str]:
+    """Settings in which the run in `out` differs from `cfg` (none for a new run: it may resume)."""
+    path = out / "train_config.json"
+    if not path.is_file():
+        return []
+    old, mine = json.loads(path.read_text()), _resumable_settings(cfg)
+    return sorted(k for k in mine if old.get(k) != mine[k])
+
+
+def _resumable_settings(cfg: TrainConfig) -> dict:
+    return {k: v for k, v in asdict(cfg).items() if k not in ("steps", "val_every", "log_every", "device")}
+
+
 def _check_config(out: Path, cfg: TrainConfig, rank: int) -> None:
     path = out / "train_config.json"
-    mine = {k: v for k, v in asdict(cfg).items() if k not in ("steps", "val_every", "log_every", "device")}
     if path.is_file():
-        old = json.loads(path.read_text())
-        diff = sorted(k for k in mine if old.get(k) != mine[k])
+        diff = settings_changed(out, cfg)
         if diff:
             raise ValueError(f"{out} is a run with other settings ({', '.join(diff)}); use a new "
                              "--out, or the same settings to resume (only --steps may grow)")
     elif rank == 0:
-        path.write_text(json.dumps(mine, indent=1))
+        path.write_text(json.dumps(_resumable_settings(cfg), indent=1))
 
 
 def _set_lr(opt, cfg: TrainConfig, step: int) -> None:

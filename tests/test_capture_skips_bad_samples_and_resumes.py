@@ -129,3 +129,22 @@ def test_capture_refuses_to_extend_a_capture_of_other_target_weights(workdir, da
     save_file(tensors, weights, metadata={"format": "pt"})
     with pytest.raises(CaptureMismatch, match="target_weights"):
         capture(CaptureConfig(**{**vars(cfg), "limit": 2}), progress=False)
+
+
+def test_weights_fingerprint_of_a_large_checkpoint_follows_its_content(tmp_path):
+    """Large weight files are fingerprinted from samples (a 15 GB target must not be read whole at
+    every capture start): a retrained file (new bytes throughout) changes it, a copy does not."""
+    import numpy as np
+
+    from vllm_sparrow.training.capture import weights_fingerprint
+
+    rng = np.random.default_rng(0)
+    for name in ("a", "copy", "retrained"):
+        (tmp_path / name).mkdir()
+    weights = rng.bytes(6 << 20)  # over the 4 MiB whole-file limit
+    (tmp_path / "a" / "model.safetensors").write_bytes(weights)
+    (tmp_path / "copy" / "model.safetensors").write_bytes(weights)
+    (tmp_path / "retrained" / "model.safetensors").write_bytes(rng.bytes(6 << 20))
+    fingerprints = {name: weights_fingerprint(tmp_path / name) for name in ("a", "copy", "retrained")}
+    assert fingerprints["a"] == fingerprints["copy"] != fingerprints["retrained"]
+    assert weights_fingerprint("Qwen/Qwen2.5-VL-7B-Instruct") is None  # a hub id: nothing to read

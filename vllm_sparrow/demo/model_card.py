@@ -85,11 +85,11 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
               "`size` and `motion` can only come from the video, so a blank video drops them to the text prior.", "",
               "## Drafts", f"- Trained by the project's pipeline on a capture of {build.get('capture')} "
               f"({', '.join(f'{n} clips of {s} s' for s, n in cfg['draft_clips'].items())}); the target wrote every caption.",
-              f"- Sparrow: IVSB (visual states on {1 - cfg.get('visual_drop', 0.0):.0%} of the samples) + MTP "
+              f"- Sparrow: IVSB (visual states on {1 - cfg['visual_drop']:.0%} of the samples) + MTP "
               f"({cfg['mtp_steps']} extra stages), text window {cfg['window_tokens']} + "
               f"{cfg['anchor_tokens']} anchors, K={cfg['speculative_tokens']}, {cfg['draft_steps']} steps, lr {cfg['draft_lr']}.",
               "- EAGLE-style baseline: same data and steps, reads every position (visual ones too), served by vLLM's `eagle`.",
-              f"- Replayed acceptance on the {cfg.get('holdout', 8)} held-out captured clips: Sparrow "
+              f"- Replayed acceptance on the {cfg['holdout']} held-out captured clips: Sparrow "
               f"{build['sparrow_heldout_replay']['mean_acceptance_length']:.2f}, EAGLE baseline "
               f"{build['eagle_heldout_replay']['mean_acceptance_length']:.2f}.",
               "- Build times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in build["seconds"].items()) + "."]

@@ -54,8 +54,8 @@ CURRICULUM = (
 @dataclass(frozen=True)
 class Extension:
     """The long-context extension stage, run after the main stage's budget: its own warmup and
-    cosine schedule; a `long_share` of its steps train on real long clips (smaller batches, same
-    stretched positions as the main stage), the rest continue the main stage's last phase."""
+    cosine schedule; a `long_share` of its steps train on real long clips (smaller batches, their
+    own position stretch), the rest continue the main stage's last phase."""
 
     minutes: float = 25.0
     lr: float = 1e-3
@@ -108,7 +108,7 @@ def build_untrained(out: Path, cfg: TargetTrainConfig) -> Path:
 def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
                  state_dir: str | Path | None = None) -> Path:
     """Train into `out` (the servable model folder); the checkpoint and log go to `state_dir`
-    (default: `out`). With `resume`, a finished run is only saved to `out` (if it is not there)."""
+    (default: `out`). With `resume`, a finished run is only saved to `out` again."""
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
     from ..testing.tiny_targets import make_prompt
@@ -135,9 +135,8 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
         opt.load_state_dict(saved["opt"])
         state = saved["state"]
         print(f"resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min done)", flush=True)
-        if state["elapsed"] >= cfg.total_seconds:  # finished: keep its log and weights as they are
-            if not (out / "model.safetensors").exists():
-                model.save_pretrained(out, safe_serialization=True)
+        if state["elapsed"] >= cfg.total_seconds:  # finished: no more steps or evals, just the weights
+            model.save_pretrained(out, safe_serialization=True)
             return out
     rng = np.random.default_rng()
     rng.bit_generator.state = state["rng"]
@@ -165,12 +164,7 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
             print(_eval_line(rec), flush=True)
             if elapsed >= budget:
                 break
-        if extending:
-            ext = cfg.extension
-            lr = _cosine(ext.lr, step - state["ext_step0"], ext.warmup, (elapsed - main_s) / (60 * ext.minutes))
-            long = bool(rng.random() < ext.long_share)
-        else:
-            lr, long = _cosine(cfg.lr, step, cfg.warmup, elapsed / main_s), False
+        lr, long = _schedule(cfg, step, elapsed, state.get("ext_step0"), rng)
         loss, content = _train_step(model, opt, data, rng, cfg, lr=lr, step=step, long=long)
         ema = loss if ema is None else 0.98 * ema + 0.02 * loss
         cema = content if cema is None else 0.95 * cema + 0.05 * content
@@ -183,6 +177,17 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
     _save(model, opt, state, cfg, state_dir)
     model.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def _schedule(cfg: TargetTrainConfig, step: int, elapsed: float, ext_step0: int | None, rng) -> tuple[float, bool]:
+    """This step's learning rate, and whether it trains on long clips (extension stage only, which
+    began at step `ext_step0`)."""
+    main_s = cfg.minutes * 60
+    if ext_step0 is None:
+        return _cosine(cfg.lr, step, cfg.warmup, elapsed / main_s), False
+    ext = cfg.extension
+    lr = _cosine(ext.lr, step - ext_step0, ext.warmup, (elapsed - main_s) / (60 * ext.minutes))
+    return lr, bool(rng.random() < ext.long_share)
 
 
 def _train_step(model, opt, data: WorldBatches, rng, cfg: TargetTrainConfig, lr: float, step: int,
@@ -240,11 +245,11 @@ def evaluate(model, data: WorldBatches, samples, batch_size: int, long_samples=(
               ("acc_blank", blank, 1.0, batch_size)]
     if long_samples:
         groups.append(("acc_long", list(long_samples), 1.0, 1))
-    for name, group, stretch, batch_size in groups:
+    for name, group, stretch, per_batch in groups:
         hit = {c: 0 for c in CATEGORIES}
         tot = {c: 0 for c in CATEGORIES}
-        for i in range(0, len(group), batch_size):
-            chunk = group[i:i + batch_size]
+        for i in range(0, len(group), per_batch):
+            chunk = group[i:i + per_batch]
             kw, labels, P = data.batch(chunk, stretch)
             pred = model(**kw).logits.argmax(-1)  # [B, L]
             for b, s in enumerate(chunk):

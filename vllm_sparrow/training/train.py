@@ -267,14 +267,12 @@ def _resumable_settings(cfg: TrainConfig) -> dict:
 
 
 def _check_config(out: Path, cfg: TrainConfig, rank: int) -> None:
-    path = out / "train_config.json"
-    if path.is_file():
-        diff = settings_changed(out, cfg)
-        if diff:
-            raise ValueError(f"{out} is a run with other settings ({', '.join(diff)}); use a new "
-                             "--out, or the same settings to resume (only --steps may grow)")
-    elif rank == 0:
-        path.write_text(json.dumps(_resumable_settings(cfg), indent=1))
+    diff = settings_changed(out, cfg)
+    if diff:
+        raise ValueError(f"{out} is a run with other settings ({', '.join(diff)}); use a new "
+                         "--out, or the same settings to resume (only --steps may grow)")
+    if rank == 0 and not (out / "train_config.json").is_file():
+        (out / "train_config.json").write_text(json.dumps(_resumable_settings(cfg), indent=1))
 
 
 def _set_lr(opt, cfg: TrainConfig, step: int) -> None:

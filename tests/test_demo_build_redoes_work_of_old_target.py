@@ -65,3 +65,30 @@ def test_build_retrains_a_draft_whose_recipe_changed(small_capture, tmp_path):
     _train_draft(cfg, "sparrow", small_capture, run, dest)
     assert json.loads((run / "train_config.json").read_text())["visual_drop"] == 0.5
     assert (dest / "config.json").exists()
+
+
+def test_target_training_starts_over_when_its_recipe_changed(tmp_path, monkeypatch, capsys):
+    """A finished target run is only re-saved when resumed with its own recipe (or with knobs that
+    do not change weights, like threads); with another recipe it trains from scratch instead of
+    continuing weights made for the old one."""
+    import dataclasses
+    import json
+
+    from vllm_sparrow.demo import train_target as tt
+
+    monkeypatch.setattr(tt, "LONG_EVAL_SCENES", 0)  # keep the evals tiny
+    cfg = tt.TargetTrainConfig(minutes=0.05, extension=tt.Extension(minutes=0.05), eval_scenes=1)
+    out, state = tmp_path / "target", tmp_path / "state"
+
+    def evals():
+        return [json.loads(x)["step"] for x in (state / "train_log.jsonl").read_text().splitlines()]
+
+    tt.train_target(out, cfg, resume=True, state_dir=state)
+    first = evals()
+    tt.train_target(out, dataclasses.replace(cfg, threads=1), resume=True, state_dir=state)
+    assert evals() == first and "resumed at step" in capsys.readouterr().out  # finished: nothing redone
+    tt.train_target(out, dataclasses.replace(cfg, vision_aux_weight=0.0), resume=True, state_dir=state)
+    said = capsys.readouterr().out
+    assert "another recipe (vision_aux_weight)" in said and "resumed" not in said
+    assert evals().count(0) == 1  # a fresh log, not the old one appended to
+    assert torch.load(state / "train_state.pt", weights_only=False)["config"]["vision_aux_weight"] == 0.0

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from ..world import WorldConfig
-from .target_data import CATEGORIES, WorldBatches, blank_like
+from .target_data import CATEGORIES, WorldBatches, blank_like, word_hits
+from .vision_aux import VisionHeads, VisualTokenTap
 
 EVAL_SEED0 = 10_000_000  # held-out scenes; training seeds stay below this
 LONG_EVAL_SECONDS, LONG_EVAL_SCENES = 256, 4  # held-out long clips (4k visual tokens) in every eval
@@ -78,6 +79,9 @@ class TargetTrainConfig:
     warmup: int = 100
     batch_size: int = 8
     curriculum: tuple[Phase, ...] = CURRICULUM
+    # weight of the dense vision loss (vision_aux.py) beside the caption loss: without it the
+    # tower learned colours only and captions got shapes, sizes and motions at blank-video rates
+    vision_aux_weight: float = 0.5
     max_stretch: float = 200.0  # 8 s x 200 = 1600 s, past the longest benchmark clip
     minutes: float = 30.0  # main stage's wall-clock budget; its cosine schedule runs over it (time,
     # not steps: a 2-core CPU fits ~2.3k steps; a faster machine more)
@@ -119,19 +123,27 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
     state_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cfg.threads)
     ckpt = state_dir / "train_state.pt"
-    if not resume or not ckpt.exists():
+    saved = torch.load(ckpt, weights_only=False) if resume and ckpt.exists() else None
+    changed = _recipe_changes(saved["config"], cfg) if saved is not None else []
+    if changed:
+        print(f"the checkpoint in {state_dir} was trained with another recipe ({', '.join(changed)}): "
+              f"training the target again from scratch", flush=True)
+        (state_dir / "train_log.jsonl").unlink(missing_ok=True)
+        saved = None
+    if saved is None:
         if resume:
-            print(f"no checkpoint in {out}; starting fresh", flush=True)
+            print(f"no checkpoint to resume in {state_dir}; starting fresh", flush=True)
         build_untrained(out, cfg)
     tok = AutoTokenizer.from_pretrained(out)
     data = WorldBatches(tok, make_prompt("qwen2_5_vl", tok, PROMPT, media="video"))
     torch.manual_seed(cfg.seed)
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(out, dtype=torch.float32)
-    opt = _optimizer(model, cfg)
+    heads = VisionHeads(model.config.vision_config.out_hidden_size)  # training only; not shipped
+    opt = _optimizer(model, heads, cfg)
     state = dict(step=0, elapsed=0.0, rng=np.random.default_rng(cfg.seed + 1).bit_generator.state)
-    if resume and ckpt.exists():
-        saved = torch.load(ckpt, weights_only=False)
+    if saved is not None:
         model.load_state_dict(saved["model"])
+        heads.load_state_dict(saved["heads"])
         opt.load_state_dict(saved["opt"])
         state = saved["state"]
         print(f"resumed at step {state['step']} ({state['elapsed'] / 60:.1f} min done)", flush=True)
@@ -145,6 +157,7 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
     held_out_long = [data.sample(EVAL_SEED0 + i, WorldConfig(duration_s=LONG_EVAL_SECONDS))
                      for i in range(LONG_EVAL_SCENES)]
     main_s, budget = cfg.minutes * 60, cfg.total_seconds
+    tap = VisualTokenTap(model)
     model.train()
     t_start = time.time() - state["elapsed"]
     ema = cema = None
@@ -159,13 +172,13 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
         if step % cfg.eval_every == 0 or elapsed >= budget or entering:
             rec = dict(step=step, minutes=round(elapsed / 60, 2), train_loss_ema=ema,
                        stage="extension" if extending else "main",
-                       **evaluate(model, data, held_out, cfg.batch_size, held_out_long))
+                       **evaluate(model, data, held_out, cfg.batch_size, held_out_long, heads))
             log.write(json.dumps(rec) + "\n"); log.flush()
             print(_eval_line(rec), flush=True)
             if elapsed >= budget:
                 break
         lr, long = _schedule(cfg, step, elapsed, state.get("ext_step0"), rng)
-        loss, content = _train_step(model, opt, data, rng, cfg, lr=lr, step=step, long=long)
+        loss, content = _train_step(model, heads, tap, opt, data, rng, cfg, lr=lr, step=step, long=long)
         ema = loss if ema is None else 0.98 * ema + 0.02 * loss
         cema = content if cema is None else 0.95 * cema + 0.05 * content
         state.update(step=step + 1, elapsed=time.time() - t_start, rng=rng.bit_generator.state)
@@ -173,8 +186,9 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
             print(f"step {step + 1}  loss {loss:.3f}  ema {ema:.3f}  shape/size/motion acc ema {cema:.3f}  "
                   f"{state['elapsed'] / 60:.1f}/{budget / 60:.0f} min", flush=True)
         if (step + 1) % cfg.save_every == 0:
-            _save(model, opt, state, cfg, state_dir)
-    _save(model, opt, state, cfg, state_dir)
+            _save(model, heads, opt, state, cfg, state_dir)
+    tap.remove()
+    _save(model, heads, opt, state, cfg, state_dir)
     model.save_pretrained(out, safe_serialization=True)
     return out
 
@@ -190,8 +204,8 @@ def _schedule(cfg: TargetTrainConfig, step: int, elapsed: float, ext_step0: int 
     return lr, bool(rng.random() < ext.long_share)
 
 
-def _train_step(model, opt, data: WorldBatches, rng, cfg: TargetTrainConfig, lr: float, step: int,
-                long: bool = False):
+def _train_step(model, heads: VisionHeads, tap: VisualTokenTap, opt, data: WorldBatches, rng,
+                cfg: TargetTrainConfig, lr: float, step: int, long: bool = False):
     phase, ext = cfg.phase(step), cfg.extension
     durations, batch_size = (ext.durations, ext.batch_size) if long else (phase.durations, cfg.batch_size)
     stretch_share, max_stretch = (ext.stretch_share, ext.max_stretch) if long else (phase.stretch_share,
@@ -208,23 +222,27 @@ def _train_step(model, opt, data: WorldBatches, rng, cfg: TargetTrainConfig, lr:
         group["lr"] = lr
     logits = model(**kw).logits
     loss = _loss(logits, labels)
+    seen = torch.from_numpy(np.concatenate([s.labels for s in samples]))  # [visual tokens, 4]
+    total = loss + cfg.vision_aux_weight * heads.loss(tap.take(), seen)
     opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    total.backward()
+    torch.nn.utils.clip_grad_norm_([*model.parameters(), *heads.parameters()], 1.0)
     opt.step()
     return float(loss.detach()), _content_accuracy(logits.detach(), samples, P)
 
 
 def _content_accuracy(logits, samples, P: int) -> float:
-    """Share of shape/size/motion tokens predicted right in this batch (the video-only words)."""
+    """Share of shape/size/motion words predicted right in this batch (the video-only words)."""
     pred = logits.argmax(-1)
-    hit = tot = 0
-    for b, s in enumerate(samples):
-        for j, cat in enumerate(s.categories):
-            if cat in ("shape", "size", "motion"):
-                tot += 1
-                hit += int(pred[b, P + j - 1] == s.caption_ids[j])
-    return hit / max(1, tot)
+    hits = [ok for b, s in enumerate(samples) for cat, ok in _word_hits(pred[b], s, P)
+            if cat in ("shape", "size", "motion")]
+    return sum(hits) / max(1, len(hits))
+
+
+def _word_hits(pred, sample, P: int) -> list[tuple[str, bool]]:
+    """pred [L] argmax tokens of one sequence whose caption starts at P -> (category, right) per word."""
+    correct = [int(pred[P + j - 1]) == t for j, t in enumerate(sample.caption_ids)]
+    return word_hits(correct, sample.categories)
 
 
 def _loss(logits, labels):
@@ -234,12 +252,17 @@ def _loss(logits, labels):
 
 
 @torch.no_grad()
-def evaluate(model, data: WorldBatches, samples, batch_size: int, long_samples=()) -> dict:
-    """Teacher-forced accuracy per word category: real video, blank video, stretched positions,
-    and real long clips (`long_samples`, one at a time)."""
+def evaluate(model, data: WorldBatches, samples, batch_size: int, long_samples=(),
+             heads: VisionHeads | None = None) -> dict:
+    """Teacher-forced accuracy of caption words per category (a word is right when all its tokens
+    are; target_data.token_categories): real video, blank video, stretched positions, and real
+    long clips (`long_samples`, one at a time); with `heads`, also what the vision heads read off
+    the real clips' visual tokens ("vision")."""
     was_training = model.training
     model.eval()
     result = {}
+    if heads is not None:
+        result["vision"] = _vision_accuracy(model, heads, data, samples, batch_size)
     blank = [blank_like(s) for s in samples]
     groups = [("acc", samples, 1.0, batch_size), ("acc_stretch100", samples, 100.0, batch_size),
               ("acc_blank", blank, 1.0, batch_size)]
@@ -253,9 +276,9 @@ def evaluate(model, data: WorldBatches, samples, batch_size: int, long_samples=(
             kw, labels, P = data.batch(chunk, stretch)
             pred = model(**kw).logits.argmax(-1)  # [B, L]
             for b, s in enumerate(chunk):
-                for j, cat in enumerate(s.categories):
+                for cat, ok in _word_hits(pred[b], s, P):
                     tot[cat] += 1
-                    hit[cat] += int(pred[b, P + j - 1] == s.caption_ids[j])
+                    hit[cat] += ok
         acc = {c: round(hit[c] / max(1, tot[c]), 4) for c in CATEGORIES}
         acc["all"] = round(sum(hit.values()) / sum(tot.values()), 4)
         result[name] = acc
@@ -264,16 +287,43 @@ def evaluate(model, data: WorldBatches, samples, batch_size: int, long_samples=(
     return result
 
 
+def _vision_accuracy(model, heads: VisionHeads, data: WorldBatches, samples, batch_size: int) -> dict:
+    tap = VisualTokenTap(model)
+    try:
+        tokens, labels = [], []
+        for i in range(0, len(samples), batch_size):
+            chunk = samples[i:i + batch_size]
+            model(**data.batch(chunk)[0])
+            tokens.append(tap.take())
+            labels += [torch.from_numpy(s.labels) for s in chunk]
+        return heads.accuracy(torch.cat(tokens), torch.cat(labels))
+    finally:
+        tap.remove()
+
+
 def _eval_line(rec: dict) -> str:
     a, s, b = rec["acc"], rec["acc_stretch100"], rec["acc_blank"]
     n = rec.get("acc_long", {c: float("nan") for c in a})
     cats = " ".join(f"{c} {a[c]:.2f}/{s[c]:.2f}/{n[c]:.2f}/{b[c]:.2f}" for c in CATEGORIES)
+    seen = " ".join(f"{k} {v:.2f}" for k, v in rec.get("vision", {}).items())
     return (f"[eval step {rec['step']} {rec['minutes']} min] all {a['all']:.3f} (stretched {s['all']:.3f}, "
-            f"{LONG_EVAL_SECONDS} s clips {n['all']:.3f}, blank {b['all']:.3f}) | real/stretched/long/blank: {cats}")
+            f"{LONG_EVAL_SECONDS} s clips {n['all']:.3f}, blank {b['all']:.3f}) | real/stretched/long/blank: {cats}"
+            f" | vision tokens: {seen}")
 
 
-def _optimizer(model, cfg: TargetTrainConfig):
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+def _recipe_changes(saved: dict, cfg: TargetTrainConfig) -> list[str]:
+    """Knobs whose value differs from the checkpoint's, except those that do not change the
+    weights (threads, how often to eval and save)."""
+    def normal(value) -> str:  # tuples and lists alike, as a checkpoint may store either
+        return json.dumps(value, sort_keys=True, default=str)
+
+    now = asdict(cfg)
+    return sorted(k for k in now if k not in ("threads", "eval_every", "save_every")
+                  and normal(saved.get(k)) != normal(now[k]))
+
+
+def _optimizer(model, heads: VisionHeads, cfg: TargetTrainConfig):
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n] + list(heads.parameters())
     rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
     return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                               {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.98))
@@ -285,7 +335,8 @@ def _cosine(peak: float, step: int, warmup: int, frac: float) -> float:
     return peak * warm * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
-def _save(model, opt, state, cfg: TargetTrainConfig, out: Path) -> None:
+def _save(model, heads: VisionHeads, opt, state, cfg: TargetTrainConfig, out: Path) -> None:
     tmp = out / "train_state.pt.tmp"
-    torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), state=state, config=asdict(cfg)), tmp)
+    torch.save(dict(model=model.state_dict(), heads=heads.state_dict(), opt=opt.state_dict(), state=state,
+                    config=asdict(cfg)), tmp)
     tmp.replace(out / "train_state.pt")  # atomic: a kill mid-save keeps the last checkpoint

@@ -19,17 +19,32 @@ def render(scene: Scene, first: int = 0, count: int | None = None) -> np.ndarray
     count = cfg.frames - first if count is None else count
     frames = np.empty((count, cfg.height, cfg.width, 3), dtype=np.uint8)
     frames[:] = BACKGROUND
-    for i in range(count):
-        t = (first + i) / cfg.fps
-        for obj in scene.objects:
-            centre = obj.centre_at(t, cfg)
-            if centre is not None:
-                _draw(frames[i], obj, centre, obj.side(cfg) / 2)
+    _paint_all(scene, frames, first, lambda k, obj: COLOURS[obj.colour])
     return frames
 
 
-def _draw(frame: np.ndarray, obj: ObjectTrack, centre, r: float) -> None:
-    """Paint the object and, where it crosses a border, its wrapped-around copies."""
+def object_map(scene: Scene, first: int = 0, count: int | None = None) -> np.ndarray:
+    """[count, H, W] int16: which object (index into scene.objects) each pixel of `render`'s
+    frames shows, -1 for background. Drawn by the same painter, so it matches pixel for pixel."""
+    cfg = scene.cfg
+    count = cfg.frames - first if count is None else count
+    ids = np.full((count, cfg.height, cfg.width), -1, dtype=np.int16)
+    _paint_all(scene, ids, first, lambda k, obj: k)
+    return ids
+
+
+def _paint_all(scene: Scene, canvas: np.ndarray, first: int, value) -> None:
+    cfg = scene.cfg
+    for i in range(len(canvas)):
+        t = (first + i) / cfg.fps
+        for k, obj in enumerate(scene.objects):
+            centre = obj.centre_at(t, cfg)
+            if centre is not None:
+                _draw(canvas[i], obj, centre, obj.side(cfg) / 2, value(k, obj))
+
+
+def _draw(frame: np.ndarray, obj: ObjectTrack, centre, r: float, value) -> None:
+    """Paint `value` over the object and, where it crosses a border, its wrapped-around copies."""
     H, W = frame.shape[:2]
     for ox in (-W, 0, W):
         for oy in (-H, 0, H):
@@ -39,7 +54,7 @@ def _draw(frame: np.ndarray, obj: ObjectTrack, centre, r: float) -> None:
             if x0 >= x1 or y0 >= y1:
                 continue
             ys, xs = np.mgrid[y0:y1, x0:x1] + 0.5  # pixel centres of the bounding box
-            frame[y0:y1, x0:x1][_mask(obj.shape, xs - cx, ys - cy, r)] = COLOURS[obj.colour]
+            frame[y0:y1, x0:x1][_mask(obj.shape, xs - cx, ys - cy, r)] = value
 
 
 def _mask(shape: str, dx: np.ndarray, dy: np.ndarray, r: float) -> np.ndarray:

@@ -7,10 +7,10 @@ import os
 import pytest
 from conftest import DEMO_MODELS
 
-# Measured on the quick bench's clip: word accuracy 0.58 / 0.74 and object recall 0.64 / 0.64 at
-# 512 / 1536 visual tokens (every length up to 25k: benchmarks/results/table.md); a text-only
-# guess names no object of the scene.
-WORD_ACCURACY, OBJECT_RECALL = 0.5, 0.5
+# Measured on the quick bench's clip: word accuracy 0.82 / 0.82 and object recall 0.91 / 0.91 at
+# 512 / 1536 visual tokens (every length up to 25k: benchmarks/results/table.md); the previous
+# target, which read only colours, had 0.58 / 0.74 and 0.64; a text-only guess names no object.
+WORD_ACCURACY, OBJECT_RECALL = 0.7, 0.75
 
 
 def test_target_captions_held_out_clips_at_every_length(quick_bench):
@@ -50,22 +50,29 @@ def target_eval():
     return evaluate(model, data, samples, batch_size=8, long_samples=long_samples)
 
 
+# Teacher-forced word accuracy of the shipped target on the fixture's clips, real video / blank
+# video: colour 0.94/0.20, shape 0.72/0.30, size 0.97/0.51, motion 0.98/0.44. The target trained
+# on captions alone (before vision_aux.py) read colours only: 0.81/0.44, 0.59/0.43, 0.62/0.50,
+# 0.57/0.57, failing the shape, size and motion checks below.
+READS = {"colour": 0.85, "shape": 0.6, "size": 0.85, "motion": 0.85}
+
+
 def test_target_needs_the_video(target_eval):
-    # which colours come next is read from the video (0.94 with it, 0.80 blank when built);
-    # shapes, sizes and motions are mostly the text prior (see the model card)
+    """Every word the video decides (which colour next, its shape, size and motion) is read from
+    the video: well above its floor with it, far lower with a blank video of the same length."""
     real, blank = target_eval["acc"], target_eval["acc_blank"]
-    assert real["colour"] > 0.85 and real["colour"] > blank["colour"] + 0.08, (real, blank)
-    assert real["all"] > blank["all"] + 0.02, (real, blank)
+    for kind, floor in READS.items():
+        assert real[kind] > floor and real[kind] > blank[kind] + 0.25, (kind, real, blank)
 
 
 def test_target_reads_long_clips_as_well_as_short_ones(target_eval):
     # the long-context extension stage: 16x the visual tokens of the short clips, same accuracy
-    # (0.915 vs 0.920 here; the target before that stage read 0.905 vs 0.917 and long-clip
-    # colours 0.878 vs 0.806 blank, failing both checks, and its 17k-token captions named 9% of
-    # the objects)
+    # (0.968 vs 0.964 here; the target before that stage read 0.905 vs 0.917 and its 17k-token
+    # captions named 9% of the objects)
     short, long, blank = target_eval["acc"], target_eval["acc_long"], target_eval["acc_blank"]
     assert long["all"] > short["all"] - 0.01, (short, long)
-    assert long["colour"] > blank["colour"] + 0.08, (long, blank)
+    for kind in READS:
+        assert long[kind] > blank[kind] + 0.25, (kind, long, blank)
 
 
 def test_captions_with_sparrow_equal_the_targets_on_the_sample_videos():

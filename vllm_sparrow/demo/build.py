@@ -1,6 +1,6 @@
 """`sparrow demo build`: regenerate the shipped demo models in one command.
 
-    sparrow demo build --out models/world          # ~2 h on a 2-core CPU, every stage resumable
+    sparrow demo build --models models/world       # ~1.5 h on a 2-core CPU, every stage resumable
 
 Stages (each skipped or resumed when its output is already there; a target whose weights
 changed makes stages 3-4 start over):

@@ -1,15 +1,18 @@
-"""Triton kernels: paged K/V write and text-anchored window attention (reference: *_ref.py).
+"""Triton kernel: text-anchored window attention over the draft's ring cache, cache write folded in.
 
-One attention launch serves a mixed batch: every query row (prefill of a text run, a decode
-token, a chained draft token) is one program per (row, query head) that walks its own key
-ranges, the anchors [0, min(A, lo)) and the window [lo, pos] with lo = max(0, pos - W + 1),
-through the request's block table, with an online softmax in fp32. The masks are index ranges,
-never materialised; freed (out-of-window) pages are never addressed. GQA: query head h reads
-kv head h // group.
+Same contract as window_attention_ref.ring_window_attention_ref (read its docstring for the
+addressing). One program per (request, kv head, query tile): the tile's rows times the kv
+head's query-head group form one [BLOCK_M, D] query block, so the heads of a group share every
+key load, and scores go through tl.dot. Keys come from two places, in two loops with one
+online softmax (fp32): the slot's A + R cached rows (the text index each row holds is computed
+from cache_len, never stored) and this forward's own rows. The masks are index arithmetic,
+never materialised.
 
-Simple by design: no query tiling, so a long prefill run is memory-bound on re-reading its keys
-per row; the draft's runs are text-only (a prompt's text, then K+1 rows per step), which keeps
-that small. Set TRITON_INTERPRET=1 before importing to run on CPU (tests).
+When a request's rows fit one query tile (every decode, verify and chained forward), the
+program that read the slot's rows also stores the forward's rows afterwards: no other program
+touches that (slot, kv head), so the write needs no second launch. A longer forward (a prompt
+chunk) is written by a second launch after every tile has read the cache.
+Set TRITON_INTERPRET=1 before importing to run on CPU (tests).
 """
 
 from __future__ import annotations
@@ -20,87 +23,144 @@ import triton.language as tl
 
 
 @triton.jit
-def _write_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-                     ROW_ELEMS: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    slot = tl.load(slot_ptr + row).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
-    m = offs < ROW_ELEMS  # one row = kv_heads * head_dim contiguous elements
-    tl.store(k_cache_ptr + slot * ROW_ELEMS + offs, tl.load(k_ptr + row * ROW_ELEMS + offs, mask=m), mask=m)
-    tl.store(v_cache_ptr + slot * ROW_ELEMS + offs, tl.load(v_ptr + row * ROW_ELEMS + offs, mask=m), mask=m)
-
-
-def write_kv(k_cache, v_cache, slot_mapping, k, v) -> None:
-    """Scatter k/v [N, kv_heads, D] into the paged caches [blocks, bs, kv_heads, D] at slots [N]."""
-    n = k.shape[0]
-    if n == 0:
-        return
-    row = k.shape[1] * k.shape[2]
-    _write_kv_kernel[(n,)](k.to(k_cache.dtype).contiguous(), v.to(v_cache.dtype).contiguous(),
-                           k_cache, v_cache, slot_mapping.to(torch.int32).contiguous(),
-                           ROW_ELEMS=row, BLOCK=triton.next_power_of_2(row))
+def _fold(acc, m_i, l_i, q, kt, vt, ok):
+    """Fold one key tile (kt/vt [BLOCK_N, D], ok [BLOCK_M, BLOCK_N]) into the softmax state."""
+    s = tl.dot(q, tl.trans(kt), input_precision="ieee")  # [BLOCK_M, BLOCK_N] (q pre-scaled)
+    s = tl.where(ok, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p, vt, input_precision="ieee")
+    return acc, m_new, l_i
 
 
 @triton.jit
-def _attend_range(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_ptr, start, end, kv_head,
-                  BS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Fold keys [start, end) of one request into the running softmax state."""
+def _ring_attention_kernel(
+        q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, out_ptr, slots_ptr, pos_ptr, valid_ptr, cache_len_ptr,
+        scale, anchors, window, ring, L,
+        HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr, CAP: tl.constexpr,
+        GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
+        FOLD_WRITE: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    tile = tl.program_id(2)
+    BLOCK_M: tl.constexpr = BLOCK_L * BLOCK_G
+    offs_m = tl.arange(0, BLOCK_M)
+    t = tile * BLOCK_L + offs_m // BLOCK_G  # query row within the request
+    g = offs_m % BLOCK_G  # head within the group
+    row_ok = (t < L) & (g < GROUP)
+    head = kvh * GROUP + g
     offs_d = tl.arange(0, D)
-    for tile in range(start, end, BLOCK_N):
-        idx = tile + tl.arange(0, BLOCK_N)  # [BLOCK_N] text indices
-        live = idx < end
-        page = tl.load(table_ptr + idx // BS, mask=live, other=0).to(tl.int64)
-        slot = page * BS + idx % BS
-        addr = (slot * KV_HEADS + kv_head)[:, None] * D + offs_d[None, :]  # [BLOCK_N, D]
-        k = tl.load(k_cache_ptr + addr, mask=live[:, None], other=0.0).to(tl.float32)
-        v = tl.load(v_cache_ptr + addr, mask=live[:, None], other=0.0).to(tl.float32)
-        s = tl.sum(k * q[None, :], axis=1)  # [BLOCK_N] (q is pre-scaled)
-        s = tl.where(live, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-        m_i = m_new
-    return acc, m_i, l_i
+    p = tl.load(pos_ptr + b * L + t, mask=t < L, other=0)  # [BLOCK_M] query text index
+    q_addr = ((b * L + t) * HEADS + head)[:, None] * D + offs_d[None, :]
+    q = tl.load(q_ptr + q_addr, mask=row_ok[:, None], other=0.0).to(tl.float32) * scale  # [BLOCK_M, D]
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    last = tl.load(cache_len_ptr + b) - 1
+    acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+
+    # 1. the slot's cached rows: row j holds text index idx (or nothing)
+    cache_base = (slot * KV_HEADS + kvh) * CAP
+    for j0 in range(0, CAP, BLOCK_N):
+        j = j0 + tl.arange(0, BLOCK_N)
+        in_cap = j < CAP
+        ring_idx = last - ((last - j) % ring + ring) % ring
+        idx = tl.where(j < anchors, j, ring_idx)
+        live = in_cap & (idx <= last) & ((j < anchors) | (idx >= anchors))
+        ok = live[None, :] & (idx[None, :] <= p[:, None])
+        if window > 0:
+            ok = ok & ((idx[None, :] < anchors) | (idx[None, :] > p[:, None] - window))
+        addr = (cache_base + j)[:, None] * D + offs_d[None, :]
+        kt = tl.load(kc_ptr + addr, mask=in_cap[:, None], other=0.0).to(tl.float32)
+        vt = tl.load(vc_ptr + addr, mask=in_cap[:, None], other=0.0).to(tl.float32)
+        acc, m_i, l_i = _fold(acc, m_i, l_i, q, kt, vt, ok)
+
+    # 2. this forward's rows (always including the query row itself)
+    for u0 in range(0, L, BLOCK_N):
+        u = u0 + tl.arange(0, BLOCK_N)
+        in_l = u < L
+        kpos = tl.load(pos_ptr + b * L + u, mask=in_l, other=0)
+        kval = tl.load(valid_ptr + b * L + u, mask=in_l, other=0) != 0
+        ok = (kval & in_l)[None, :] & (kpos[None, :] <= p[:, None])
+        if window > 0:
+            ok = ok & ((kpos[None, :] < anchors) | (kpos[None, :] > p[:, None] - window))
+        ok = ok | (u[None, :] == t[:, None])
+        addr = ((b * L + u) * KV_HEADS + kvh)[:, None] * D + offs_d[None, :]
+        kt = tl.load(k_ptr + addr, mask=in_l[:, None], other=0.0).to(tl.float32)
+        vt = tl.load(v_ptr + addr, mask=in_l[:, None], other=0.0).to(tl.float32)
+        acc, m_i, l_i = _fold(acc, m_i, l_i, q, kt, vt, ok)
+
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(out_ptr + q_addr, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+    if FOLD_WRITE:  # every row of the request is in this tile, and the cache reads are done
+        _write_rows(k_ptr, v_ptr, kc_ptr, vc_ptr, pos_ptr, valid_ptr, b, kvh, cache_base, anchors, ring, L,
+                    KV_HEADS, D, BLOCK_L)
 
 
 @triton.jit
-def _window_attention_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tables_ptr, row_req_ptr, row_pos_ptr,
-                             scale, anchors, window, table_stride,
-                             HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr,
-                             BS: tl.constexpr, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0)
-    head = tl.program_id(1)
-    kv_head = head // (HEADS // KV_HEADS)
-    pos = tl.load(row_pos_ptr + row)
-    table_ptr = tables_ptr + tl.load(row_req_ptr + row).to(tl.int64) * table_stride
+def _write_rows(k_ptr, v_ptr, kc_ptr, vc_ptr, pos_ptr, valid_ptr, b, kvh, cache_base, anchors, ring, L,
+                KV_HEADS: tl.constexpr, D: tl.constexpr, BLOCK_L: tl.constexpr):
+    """Store request b's valid rows for one kv head: anchors and the last R indices."""
     offs_d = tl.arange(0, D)
-    q = tl.load(q_ptr + (row * HEADS + head) * D + offs_d).to(tl.float32) * scale  # [D]
-    lo = 0
-    if window > 0:
-        lo = tl.maximum(pos - window + 1, 0)
-    acc = tl.zeros([D], dtype=tl.float32)
-    m_i = tl.full([], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([], dtype=tl.float32)
-    acc, m_i, l_i = _attend_range(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_ptr, 0,
-                                  tl.minimum(anchors, lo), kv_head, BS, KV_HEADS, D, BLOCK_N)
-    acc, m_i, l_i = _attend_range(acc, m_i, l_i, q, k_cache_ptr, v_cache_ptr, table_ptr, lo, pos + 1,
-                                  kv_head, BS, KV_HEADS, D, BLOCK_N)
-    out = acc / l_i
-    tl.store(out_ptr + (row * HEADS + head) * D + offs_d, out.to(out_ptr.dtype.element_ty))
+    newest = -1
+    for u0 in range(0, L, BLOCK_L):
+        u = u0 + tl.arange(0, BLOCK_L)
+        kpos = tl.load(pos_ptr + b * L + u, mask=u < L, other=0)
+        kval = (tl.load(valid_ptr + b * L + u, mask=u < L, other=0) != 0) & (u < L)
+        newest = tl.maximum(newest, tl.max(tl.where(kval, kpos, -1), axis=0))
+    for u0 in range(0, L, BLOCK_L):
+        u = u0 + tl.arange(0, BLOCK_L)
+        kpos = tl.load(pos_ptr + b * L + u, mask=u < L, other=0)
+        kval = (tl.load(valid_ptr + b * L + u, mask=u < L, other=0) != 0) & (u < L)
+        keep = kval & ((kpos < anchors) | (kpos > newest - ring))
+        row = tl.where(kpos < anchors, kpos, anchors + ((kpos - anchors) % ring + ring) % ring)
+        src = ((b * L + u) * KV_HEADS + kvh)[:, None] * D + offs_d[None, :]
+        dst = (cache_base + row)[:, None] * D + offs_d[None, :]
+        kt = tl.load(k_ptr + src, mask=keep[:, None], other=0.0)
+        vt = tl.load(v_ptr + src, mask=keep[:, None], other=0.0)
+        tl.store(kc_ptr + dst, kt.to(kc_ptr.dtype.element_ty), mask=keep[:, None])
+        tl.store(vc_ptr + dst, vt.to(vc_ptr.dtype.element_ty), mask=keep[:, None])
 
 
-def window_attention(q, k_cache, v_cache, block_tables, row_req, row_pos, anchors: int, window: int,
-                     scale: float, block_n: int = 16) -> torch.Tensor:
-    """Same contract as window_attention_ref: q [N, H, D] -> [N, H, D]."""
-    n, heads, d = q.shape
+@triton.jit
+def _ring_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slots_ptr, pos_ptr, valid_ptr, anchors, ring, L,
+                       KV_HEADS: tl.constexpr, D: tl.constexpr, CAP: tl.constexpr, BLOCK_L: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    _write_rows(k_ptr, v_ptr, kc_ptr, vc_ptr, pos_ptr, valid_ptr, b, kvh, (slot * KV_HEADS + kvh) * CAP,
+                anchors, ring, L, KV_HEADS, D, BLOCK_L)
+
+
+def ring_window_attention(q, k, v, k_cache, v_cache, slots, pos, valid, cache_len, anchors: int,
+                          window: int, ring: int, scale: float, block_n: int = 16) -> torch.Tensor:
+    """Same contract as ring_window_attention_ref: q [B, L, H, D] -> [B, L, H, D], cache written."""
+    B, L, heads, d = q.shape
     out = torch.empty_like(q)
-    if n == 0:
+    if B == 0 or L == 0:
         return out
-    tables = block_tables.to(torch.int32).contiguous()
-    _window_attention_kernel[(n, heads)](
-        q.contiguous(), k_cache, v_cache, out, tables, row_req.to(torch.int32).contiguous(),
-        row_pos.to(torch.int32).contiguous(), scale, anchors, window, tables.shape[1],
-        HEADS=heads, KV_HEADS=k_cache.shape[2], D=d, BS=k_cache.shape[1], BLOCK_N=block_n)
+    kv_heads, cap = k_cache.shape[1], k_cache.shape[2]
+    group = heads // kv_heads
+    block_g = triton.next_power_of_2(group)
+    # tl.dot wants >= 16 query rows per tile; a request of up to 64 / group rows (every decode,
+    # verify and chained forward) fits one tile, so its program can also write the cache.
+    min_l = max(16 // block_g, 1)
+    block_l = max(min_l, min(triton.next_power_of_2(L), max(64 // block_g, min_l)))
+    tiles = triton.cdiv(L, block_l)
+    fold = tiles == 1
+    k, v, q = k.contiguous(), v.contiguous(), q.contiguous()
+    pos32, valid8 = pos.to(torch.int32).contiguous(), valid.to(torch.int8).contiguous()
+    slots32, len32 = slots.to(torch.int32).contiguous(), cache_len.to(torch.int32).contiguous()
+    _ring_attention_kernel[(B, kv_heads, tiles)](
+        q, k, v, k_cache, v_cache, out, slots32, pos32, valid8, len32,
+        scale, anchors, window, ring, L,
+        HEADS=heads, KV_HEADS=kv_heads, D=d, CAP=cap, GROUP=group, BLOCK_G=block_g, BLOCK_L=block_l,
+        BLOCK_N=block_n, FOLD_WRITE=fold)
+    if not fold:
+        _ring_write_kernel[(B, kv_heads)](k, v, k_cache, v_cache, slots32, pos32, valid8, anchors, ring, L,
+                                          KV_HEADS=kv_heads, D=d, CAP=cap, BLOCK_L=block_l)
     return out

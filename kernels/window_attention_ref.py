@@ -1,41 +1,89 @@
-"""Plain torch reference of the two kernels in window_attention.py (same arguments, same result).
+"""Plain torch reference of the kernel in window_attention.py, and the CPU path itself.
 
-The batch is flat: query row i belongs to request row_req[i] and sits at text index row_pos[i].
-Row i attends to the text indices of its request that are anchors (< A) or in its window
-(> row_pos[i] - W), and <= row_pos[i] (causal); W = 0 means every earlier text index.
-Key index j of request r lives at cache slot block_tables[r, j // bs] * bs + j % bs.
+The draft's cache holds, per request slot, A anchor rows and a ring of R rows
+([slots + 1, kv_heads, A + R, D]); text index i lives at
+
+    row(i) = i                    if i < A
+             A + (i - A) mod R    otherwise
+
+One draft forward is a [B, L] layout: row (b, u) of request b has text index pos[b, u], is a real
+entry when valid[b, u], and the slot held cache_len[b] entries (indices 0..cache_len-1) before
+the forward. A row at index p attends to
+  - cached entries i < cache_len with i < A or i > p - W, and
+  - this forward's valid rows at indices i <= p with i < A or i > p - W (and always itself),
+then the forward's valid rows are stored: anchors, and the last R indices of the forward
+(a prompt chunk longer than the ring keeps only what any later query can read).
+W = 0 means no window (every earlier index). Nothing here imports the package: the kernels
+and their reference stand alone.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
-def write_kv_ref(k_cache, v_cache, slot_mapping, k, v) -> None:
-    """k_cache/v_cache [blocks, bs, kv_heads, D]; slot_mapping [N]; k/v [N, kv_heads, D]."""
-    flat_k = k_cache.view(-1, *k_cache.shape[2:])
-    flat_v = v_cache.view(-1, *v_cache.shape[2:])
-    flat_k[slot_mapping.long()] = k.to(k_cache.dtype)
-    flat_v[slot_mapping.long()] = v.to(v_cache.dtype)
+def ring_row(idx: torch.Tensor, anchors: int, ring: int) -> torch.Tensor:
+    """Cache row of text index idx (any shape)."""
+    return torch.where(idx < anchors, idx, anchors + torch.remainder(idx - anchors, ring))
 
 
-def window_attention_ref(q, k_cache, v_cache, block_tables, row_req, row_pos, anchors: int,
-                         window: int, scale: float) -> torch.Tensor:
-    """q [N, H, D] -> out [N, H, D]; block_tables [R, max_blocks]; row_req, row_pos [N]."""
-    n, heads, _ = q.shape
-    bs, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = heads // kv_heads
-    out = torch.empty_like(q)
-    for i in range(n):
-        pos, req = int(row_pos[i]), int(row_req[i])
-        idx = torch.arange(pos + 1)
-        keep = idx < anchors
-        keep |= idx > pos - window if window > 0 else torch.ones_like(keep)
-        idx = idx[keep]  # [L] text indices row i reads
-        slots = block_tables[req, idx // bs].long() * bs + idx % bs
-        keys = k_cache.view(-1, kv_heads, k_cache.shape[3])[slots].float()  # [L, kv, D]
-        values = v_cache.view(-1, kv_heads, v_cache.shape[3])[slots].float()
-        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)  # [L, H, D]
-        scores = torch.einsum("hd,lhd->hl", q[i].float(), keys) * scale  # [H, L]
-        out[i] = torch.einsum("hl,lhd->hd", scores.softmax(-1), values).to(q.dtype)
-    return out
+def ring_stored_index(cache_len: torch.Tensor, anchors: int, ring: int) -> torch.Tensor:
+    """[B, A + R] text index each row holds when the slot has entries 0..cache_len-1 (-1: none).
+
+    Ring row j holds the newest i <= last = cache_len - 1 with row(i) = j, which is
+    i = last - ((last - j) mod R). Worked example, A = 2, R = 4, cache_len = 9 (last = 8):
+    indices 2..8 went to rows 2 3 4 5 2 3 4, so rows 0..5 hold 0 1 6 7 8 5
+    (row 2: 8 - (6 mod 4) = 6; row 5: 8 - (3 mod 4) = 5).
+    """
+    j = torch.arange(anchors + ring, device=cache_len.device)[None, :]  # [1, A + R]
+    last = (cache_len - 1)[:, None]  # [B, 1]
+    idx = torch.where(j < anchors, j, last - torch.remainder(last - j, ring))
+    live = (idx <= last) & ((j < anchors) | (idx >= anchors))
+    return torch.where(live, idx, -1)
+
+
+def _allowed(k_idx: torch.Tensor, q_idx: torch.Tensor, anchors: int, window: int) -> torch.Tensor:
+    ok = k_idx <= q_idx
+    if window > 0:
+        ok = ok & ((k_idx < anchors) | (k_idx > q_idx - window))
+    return ok
+
+
+def ring_key_mask(pos, valid, cache_len, anchors: int, window: int, ring: int) -> torch.Tensor:
+    """[B, L, A + R + L]: which keys (the slot's rows, then the forward's rows) each row reads."""
+    p = pos[:, :, None]  # [B, L, 1]
+    cached = ring_stored_index(cache_len, anchors, ring)[:, None, :]  # [B, 1, A + R]
+    ok_cached = (cached >= 0) & _allowed(cached, p, anchors, window)
+    ok_new = valid[:, None, :] & _allowed(pos[:, None, :], p, anchors, window)  # [B, L, L]
+    L = pos.shape[1]
+    ok_new = ok_new | torch.eye(L, dtype=torch.bool, device=pos.device)  # padding rows see themselves
+    return torch.cat([ok_cached.expand(-1, L, -1), ok_new], -1)
+
+
+def ring_write_ref(k_cache, v_cache, slots, pos, valid, k, v, anchors: int, ring: int) -> None:
+    """Store the valid rows of k/v [B, L, kv_heads, D]; rows that are not kept go to the last
+    (sink) slot of the cache."""
+    newest = torch.where(valid, pos, -1).amax(1, keepdim=True)  # [B, 1]
+    keep = valid & ((pos < anchors) | (pos > newest - ring))  # [B, L]
+    sink = k_cache.shape[0] - 1
+    slot = torch.where(keep, slots[:, None], sink).flatten()  # [B * L]
+    row = torch.where(keep, ring_row(pos, anchors, ring), 0).flatten()
+    k_cache[slot, :, row] = k.flatten(0, 1).to(k_cache.dtype)
+    v_cache[slot, :, row] = v.flatten(0, 1).to(v_cache.dtype)
+
+
+def ring_window_attention_ref(q, k, v, k_cache, v_cache, slots, pos, valid, cache_len, anchors: int,
+                              window: int, ring: int, scale: float) -> torch.Tensor:
+    """q [B, L, H, D], k/v [B, L, kv_heads, D] -> out [B, L, H, D]; stores k/v in the cache.
+
+    One gather of the batch's slots and one masked SDPA (GQA) for the whole batch.
+    """
+    kc, vc = k_cache.index_select(0, slots), v_cache.index_select(0, slots)  # [B, kv, A + R, D], before writing
+    keys = torch.cat([kc.to(q.dtype), k.transpose(1, 2).to(q.dtype)], 2)  # [B, kv, A + R + L, D]
+    values = torch.cat([vc.to(q.dtype), v.transpose(1, 2).to(q.dtype)], 2)
+    mask = ring_key_mask(pos, valid, cache_len, anchors, window, ring)[:, None]  # [B, 1, L, A + R + L]
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, scale=scale,
+                                         enable_gqa=q.shape[2] != k.shape[2])  # [B, H, L, D]
+    ring_write_ref(k_cache, v_cache, slots, pos, valid, k, v, anchors, ring)
+    return out.transpose(1, 2)

@@ -1,9 +1,10 @@
-"""The paged, windowed, incremental drafter computes exactly what a dense recomputation does.
+"""The batched, ring-cached, incremental drafter computes exactly what a dense recomputation does.
 
 Drives SparrowDrafter through chunked prefill (chunks that split visual runs), decode steps
-with random acceptance (rejected rows present, as in vLLM's padded batches), and a restart
-after preemption; at every step compares its draft logits with a from-scratch dense reference
-over the text stream (visual positions removed, anchor + window mask).
+with random acceptance (rejected rows present, as in vLLM's padded batches), restarts after
+preemption, and batches that mix requests in every phase; at every step compares each drafting
+request's draft logits with a from-scratch dense reference over its text stream (visual
+positions removed, anchor + window mask) computed by the training model.
 """
 
 import random
@@ -17,7 +18,7 @@ from vllm_sparrow.drafter import SparrowDrafter, StepBatch
 from vllm_sparrow.model import SparrowDraftModel
 from vllm_sparrow.window import WindowSpec
 
-H, V, VIS = 64, 50, 7  # hidden, vocab, visual placeholder id
+H, V, VIS, K = 64, 50, 7, 3  # hidden, vocab, visual placeholder id, draft depth
 
 
 class _IO:
@@ -33,10 +34,9 @@ class _IO:
         return h @ self.head.T
 
 
-def _model(anchors, window, block):
+def _model(anchors, window):
     cfg = SparrowConfig(hidden_size=H, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                        intermediate_size=96, vocab_size=V, anchor_tokens=anchors,
-                        window_tokens=window, cache_block_size=block)
+                        intermediate_size=96, vocab_size=V, anchor_tokens=anchors, window_tokens=window)
     torch.manual_seed(0)
     m = SparrowDraftModel(cfg)
     for p in m.parameters():
@@ -55,12 +55,12 @@ def _dense_logits(model, io, spec, stream, next_token, k):
 
         def attend(q, kk, vv):
             g = q.shape[1] // kk.shape[1]
-            mask = spec.mask(pos, pos)
             return torch.nn.functional.scaled_dot_product_attention(
                 q.transpose(0, 1), kk.repeat_interleave(g, 1).transpose(0, 1),
-                vv.repeat_interleave(g, 1).transpose(0, 1), attn_mask=mask).transpose(0, 1)
+                vv.repeat_interleave(g, 1).transpose(0, 1), attn_mask=spec.mask(pos, pos)).transpose(0, 1)
 
-        y = model(torch.stack(hs), io.embed(torch.tensor(toks)), pos, attend)
+        with torch.no_grad():
+            y = model(torch.stack(hs), io.embed(torch.tensor(toks)), pos, attend)
         logits = io.logits(y[-1:])
         out.append(logits[0])
         hs.append(y[-1])
@@ -68,80 +68,127 @@ def _dense_logits(model, io, spec, stream, next_token, k):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("anchors,window,block", [(2, 5, 4), (0, None, 3), (3, 1, 2)])
-def test_incremental_drafts_equal_dense_recomputation(anchors, window, block):
-    rnd = random.Random(anchors * 10 + block)
-    model, io = _model(anchors, window, block), _IO()
+class _Request:
+    """One simulated request: a prompt with visual runs, then decode steps with random acceptance."""
+
+    def __init__(self, rid, prompt, rnd):
+        self.rid, self.prompt, self.rnd = rid, prompt, rnd
+        self.seq: list[int] = []  # tokens whose states the drafter has received (valid rows)
+        self.hidden: dict[int, torch.Tensor] = {}
+        self.stream = []  # reference text stream [(token, hidden)]
+        self.next = None  # token after the last valid row, once the prompt is done
+        self.drafts = None
+
+    def rows(self, chunk):
+        """(tokens, hidden, num_valid, mid_prefill) of this step."""
+        start = len(self.seq)
+        if start < len(self.prompt):
+            toks = self.prompt[start : start + chunk]
+            n_valid, mid = len(toks), start + len(toks) < len(self.prompt)
+        else:
+            toks = [self.next] + (self.drafts or [])
+            n_valid, mid = 1 + self.rnd.randrange(0, len(toks)), False
+        hid = [self.hidden.setdefault(start + j, torch.randn(H)) for j in range(len(toks))]
+        return toks, hid, n_valid, mid
+
+    def advance(self, toks, hid, n_valid, mid, prompt_len):
+        start = len(self.seq)
+        for j in range(n_valid):
+            if not (toks[j] == VIS and start + j < prompt_len):
+                self.stream.append((toks[j], hid[j]))
+        self.seq += toks[:n_valid]
+        if mid:
+            self.next = None
+        else:
+            self.next = self.rnd.randrange(10, V)
+
+
+def _run_steps(drafter, model, io, spec, reqs, steps, rnd, chunk_choices):
+    active = list(reqs)
+    for _ in range(steps):
+        batch_reqs = rnd.sample(active, rnd.randrange(1, len(active) + 1))
+        parts = [(r, *r.rows(rnd.choice(chunk_choices))) for r in batch_reqs]
+        toks, hid, row_start, valid, seq_start, prompt_lens, nxt, mids = [], [], [], [], [], [], [], []
+        for r, t, h, n_valid, mid in parts:
+            row_start.append(len(toks))
+            toks += t
+            hid += h
+            valid.append(n_valid)
+            seq_start.append(len(r.seq))
+            prompt_lens.append(len(r.prompt))
+            mids.append(mid)
+            r.advance(t, h, n_valid, mid, len(r.prompt))
+            nxt.append(r.next if r.next is not None else 0)
+        seen = []
+
+        def sampler(logits):
+            seen.append(logits.clone())
+            return logits.argmax(-1), None
+
+        batch = StepBatch.from_lists([r.rid for r, *_ in parts], torch.tensor(toks), torch.stack(hid),
+                                     row_start, valid, seq_start, prompt_lens, torch.tensor(nxt), mids)
+        ids, _ = drafter.step(batch, K, sampler)
+        for b, (r, *_rest) in enumerate(parts):
+            if mids[b]:
+                assert ids[b].eq(0).all()
+                continue
+            ref = _dense_logits(model, io, spec, r.stream, r.next, K)
+            got = torch.stack([s[b] for s in seen])
+            assert torch.allclose(got, ref, atol=1e-4), f"request {r.rid}"
+            r.drafts = ids[b].tolist()
+
+
+def _prompt(rnd, n_vis):
+    return [1, 2, 3] + [VIS] * n_vis + [4, 5] + [VIS] * (n_vis // 2) + [rnd.randrange(10, V) for _ in range(4)]
+
+
+@pytest.mark.parametrize("anchors,window", [(2, 5), (0, None), (3, 1), (0, 2)])
+def test_incremental_drafts_equal_dense_recomputation(anchors, window):
+    rnd = random.Random(anchors * 10 + (window or 0))
+    model, io = _model(anchors, window), _IO()
     spec = WindowSpec(anchors, window)
-    drafter = SparrowDrafter(model, io, (VIS,), TorchWindowAttention(), torch.device("cpu"), torch.float32)
-    K = 3
-    seen_logits = []
-
-    def sampler(logits, rows):
-        seen_logits.append(logits.clone())
-        return logits.argmax(-1), None
-
-    # a prompt with two visual runs; chunked prefill splits them
-    prompt = [1, 2, 3] + [VIS] * 9 + [4, 5] + [VIS] * 6 + [6, 8, 9, 10]
-    hidden = {i: torch.randn(H) for i in range(200)}
-    seq: list[int] = []  # committed sequence tokens
-    chunks = [5, 8, 4, len(prompt) - 17]
-    stream = []  # reference text stream [(token, hidden)]
-    for ci, c in enumerate(chunks):
-        start = len(seq)
-        toks = prompt[start : start + c]
-        last = ci == len(chunks) - 1
-        nxt = rnd.randrange(10, V) if last else prompt[start + c]
-        batch = StepBatch(["r"], torch.tensor(toks), torch.stack([hidden[start + j] for j in range(c)]),
-                          [0], [c], [start], [len(prompt)], torch.tensor([nxt]), [not last])
-        seen_logits.clear()
-        ids, _ = drafter.step(batch, K, sampler)
-        seq += toks
-        stream += [(t, hidden[start + j]) for j, t in enumerate(toks) if t != VIS]
-        if last:
-            ref = _dense_logits(model, io, spec, stream, nxt, K)
-            assert torch.allclose(torch.cat(seen_logits), ref, atol=1e-4)
-    # decode: rows = [next, d1..dK]; a random number of them accepted
-    for step in range(12):
-        rows = [nxt] + ids[0].tolist()
-        a = rnd.randrange(0, K + 1)
-        start = len(seq)
-        for j in range(K + 1):
-            hidden[start + j] = torch.randn(H)
-        nxt2 = rnd.randrange(10, V)
-        batch = StepBatch(["r"], torch.tensor(rows), torch.stack([hidden[start + j] for j in range(K + 1)]),
-                          [0], [a + 1], [start], [len(prompt)], torch.tensor([nxt2]), [False])
-        seen_logits.clear()
-        ids, _ = drafter.step(batch, K, sampler)
-        seq += rows[: a + 1]
-        stream += [(t, hidden[start + j]) for j, t in enumerate(rows[: a + 1])]
-        nxt = nxt2
-        ref = _dense_logits(model, io, spec, stream, nxt, K)
-        assert torch.allclose(torch.cat(seen_logits), ref, atol=1e-4), f"step {step}"
-        if window is not None:  # memory stays bounded by anchors + window, not by length
-            bound = -(-anchors // block) + -(-(window + K) // block) + 2
-            assert drafter.cache.blocks_in_use("r") <= bound
-    text_len = len(stream)
+    drafter = SparrowDrafter(model, io, (VIS,), TorchWindowAttention(), torch.device("cpu"), torch.float32,
+                             max_requests=2, max_draft_tokens=K, max_text_tokens=256)
+    req = _Request("r", _prompt(rnd, 9), rnd)
+    _run_steps(drafter, model, io, spec, [req], 18, rnd, [4, 5, 8])
+    text_len = len(req.stream)
+    assert drafter.stats()["text_entries"]["r"] == text_len  # each state paired with its next token
     # preemption: the request restarts from sequence index 0 and rebuilds its stream
     drafter.release(["r"])
-    assert drafter.cache.blocks_in_use() == 0
-    toks = seq
-    batch = StepBatch(["r"], torch.tensor(toks), torch.stack([hidden[j] for j in range(len(toks))]),
-                      [0], [len(toks)], [0], [len(prompt)], torch.tensor([nxt]), [False])
-    seen_logits.clear()
-    drafter.step(batch, K, sampler)
-    assert drafter.states["r"].committed == text_len
-    assert torch.allclose(torch.cat(seen_logits), _dense_logits(model, io, spec, stream, nxt, K), atol=1e-4)
+    assert drafter.stats()["slots_in_use"] == 0
+    again = _Request("r", req.seq, rnd)
+    again.hidden = req.hidden
+    _run_steps(drafter, model, io, spec, [again], 3, rnd, [len(req.seq)])
+    assert len(again.stream) >= text_len
+
+
+@pytest.mark.parametrize("anchors,window", [(2, 5), (0, None)])
+def test_batches_mixing_prefill_decode_and_restarts_equal_dense_recomputation(anchors, window):
+    rnd = random.Random(7)
+    model, io = _model(anchors, window), _IO()
+    spec = WindowSpec(anchors, window)
+    drafter = SparrowDrafter(model, io, (VIS,), TorchWindowAttention(), torch.device("cpu"), torch.float32,
+                             max_requests=6, max_draft_tokens=K, max_text_tokens=512)
+    nbytes = drafter.cache.nbytes
+    reqs = [_Request(f"r{i}", _prompt(rnd, rnd.randrange(0, 30)), rnd) for i in range(6)]
+    _run_steps(drafter, model, io, spec, reqs, 30, rnd, [1, 3, 4, 16])
+    # a request that left (finished or preempted) frees its slot for a new one
+    drafter.release(["r0", "r3"])
+    newcomers = [_Request(f"n{i}", _prompt(rnd, 12), rnd) for i in range(2)]
+    _run_steps(drafter, model, io, spec, [r for r in reqs if r.rid not in ("r0", "r3")] + newcomers, 20, rnd,
+               [2, 4, 40])
+    assert drafter.cache.nbytes == nbytes  # allocated once, never grown
+    with pytest.raises(RuntimeError, match="max_num_seqs"):
+        drafter._slot("one-too-many")
 
 
 def test_visual_positions_never_enter_the_cache():
-    model, io = _model(2, 4, 4), _IO()
+    model, io = _model(2, 4), _IO()
     drafter = SparrowDrafter(model, io, (VIS,), TorchWindowAttention(), torch.device("cpu"), torch.float32)
-    usage = []
     for n_vis in (4, 400):
         prompt = [1, 2, 3] + [VIS] * n_vis + [4, 5, 6]
-        batch = StepBatch([f"v{n_vis}"], torch.tensor(prompt), torch.randn(len(prompt), H), [0],
-                          [len(prompt)], [0], [len(prompt)], torch.tensor([11]), [False])
-        drafter.step(batch, 3, lambda lg, r: (lg.argmax(-1), None))
-        usage.append((drafter.states[f"v{n_vis}"].committed, drafter.cache.bytes_in_use(f"v{n_vis}")))
-    assert usage[0] == usage[1] and usage[0][0] == 6
+        batch = StepBatch.from_lists([f"v{n_vis}"], torch.tensor(prompt), torch.randn(len(prompt), H), [0],
+                                     [len(prompt)], [0], [len(prompt)], torch.tensor([11]), [False])
+        drafter.step(batch, 3)
+    entries = drafter.stats()["text_entries"]
+    assert entries["v4"] == entries["v400"] == 6

@@ -7,7 +7,7 @@ import pytest
 from conftest import TRAINED_TEXTS, close_llm, make_llm
 from vllm import SamplingParams
 
-from vllm_sparrow.testing.engine import drafter_stats, peak_bytes_by_request, spec_counters
+from vllm_sparrow.testing.engine import drafter_stats, spec_counters, text_entries_by_request
 from vllm_sparrow.testing.tiny_targets import make_prompt
 
 K = 3
@@ -17,7 +17,6 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 FRAMES = {"qwen2_5_vl": (64, 4), "qwen2_vl": (64, 4), "qwen3_vl": (64, 4),
           "llava_onevision": (32, 4), "llama": None}
 QUESTION = "describe the video"
-BLOCK_TOKENS = 16  # SparrowConfig.cache_block_size of the test drafts
 
 
 def _requests(kind, target, clips):
@@ -88,24 +87,20 @@ def test_draft_cache_does_not_grow_with_video_length(case, target_dirs):
     long_ids, short_ids = long_req.prompt_token_ids, short_req.prompt_token_ids
     assert len(long_ids) > 5 * len(short_ids), "the long video must add many visual tokens"
     extra_text = (sum(t not in visual for t in long_ids) - sum(t not in visual for t in short_ids))
-    peaks = peak_bytes_by_request(llm)
-    if extra_text == 0:
-        assert peaks[long_req.request_id] == peaks[short_req.request_id] > 0
-    else:
-        # Qwen3-VL writes a text timestamp per frame pair ("<1.0 seconds>"): real text, so the
-        # draft caches it; the growth is those tokens' blocks only, never the visual tokens'.
-        assert kind == "qwen3_vl", f"{kind}: {extra_text} unexpected extra text tokens"
-        per_block = drafter_stats(llm)["bytes_per_block"]
-        grown = peaks[long_req.request_id] - peaks[short_req.request_id]
-        assert 0 < grown <= per_block * (extra_text // BLOCK_TOKENS + 1)
+    entries = text_entries_by_request(llm)
+    long_n, short_n = entries[long_req.request_id], entries[short_req.request_id]
+    # Both captions have MAX_TOKENS tokens: the streams differ by the prompts' text tokens only.
+    # Qwen3-VL writes a text timestamp per frame pair ("<1.0 seconds>"): real text, so the draft
+    # caches it; visual placeholders never enter.
+    assert kind == "qwen3_vl" or extra_text == 0, f"{kind}: {extra_text} unexpected extra text tokens"
+    assert long_n - short_n == extra_text and short_n > MAX_TOKENS
 
 
-def test_finished_requests_give_back_every_draft_block(case):
+def test_finished_requests_give_back_their_draft_cache_slots(case):
     kind, _, outputs, llm = case
     # vLLM tells workers about finished requests with the next step: run one more request.
     follow_up = llm.generate([outputs[-1].prompt], SamplingParams(max_tokens=1))[0]
     stats = drafter_stats(llm)
     live = [r.rsplit("-", 1)[0] for r in stats["live_requests"]]
     assert live in ([], [follow_up.request_id])
-    per_request = stats["blocks_in_use"] * stats["bytes_per_block"]
-    assert per_request <= max(peak_bytes_by_request(llm).values())
+    assert stats["slots_in_use"] == len(live)

@@ -32,7 +32,7 @@ class TableIO:
 def _draft(window):
     cfg = SparrowConfig(hidden_size=H, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                         intermediate_size=96, vocab_size=VOCAB, anchor_tokens=2, window_tokens=window,
-                        cache_block_size=4)
+                        )
     torch.manual_seed(0)
     model = SparrowDraftModel(cfg)
     for p in model.parameters():
@@ -46,11 +46,11 @@ def _serve_chain(draft, io, tokens, hidden, c, depth):
     drafter = SparrowDrafter(draft, io, (), TorchWindowAttention(), torch.device("cpu"), torch.float32)
     seen = []
 
-    def sample(logits, rows):
+    def sample(logits):
         seen.append(logits[0].clone())
         return tokens[c + 1 + len(seen) : c + 2 + len(seen)], None  # the true next token
 
-    batch = StepBatch(["r"], tokens[: c + 1], hidden[: c + 1], [0], [c + 1], [0], [c + 1],
+    batch = StepBatch.from_lists(["r"], tokens[: c + 1], hidden[: c + 1], [0], [c + 1], [0], [c + 1],
                       tokens[c + 1 : c + 2], [False])
     drafter.step(batch, depth, sample)
     return seen

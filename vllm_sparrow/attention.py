@@ -1,34 +1,20 @@
-"""Text-anchored window attention over the paged text-only cache.
+"""Text-anchored window attention over the draft's ring cache (window.py).
 
-One interface, `WindowAttentionBackend.write_and_attend`, with a plain torch implementation
-that runs on every device (the reference for the Triton kernels, which plug in behind the same
-interface on CUDA). Default: triton on CUDA, torch elsewhere; SPARROW_ATTENTION_BACKEND=torch|triton
-overrides it (triton off CUDA only under the Triton interpreter, TRITON_INTERPRET=1: tests).
+One interface, `WindowAttentionBackend.write_and_attend`, called once per draft forward for the
+whole batch, with a plain torch implementation that runs on every device (the reference for the
+Triton kernels, which plug in behind the same interface on CUDA). Default: triton on CUDA, torch
+elsewhere; SPARROW_ATTENTION_BACKEND=torch|triton overrides it (triton off CUDA only under the Triton interpreter, TRITON_INTERPRET=1: tests).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
+from vllm_sparrow_kernels.window_attention_ref import ring_window_attention_ref
 
-from .window import TextKVCache, WindowSpec
-
-
-@dataclass(frozen=True)
-class Segment:
-    """Consecutive query rows of one request, at text indices q_lo .. q_hi-1."""
-
-    req_id: str
-    q_lo: int
-    q_hi: int
-
-    @property
-    def length(self) -> int:
-        return self.q_hi - self.q_lo
+from .window import TextWindowCache, WindowBatch
 
 
 class WindowAttentionBackend(Protocol):
@@ -36,46 +22,34 @@ class WindowAttentionBackend(Protocol):
 
     def write_and_attend(
         self,
-        cache: TextKVCache,
-        spec: WindowSpec,
-        segments: list[Segment],
-        q: torch.Tensor,  # [N, heads, head_dim], rows ordered by segment
-        k: torch.Tensor,  # [N, kv_heads, head_dim]
-        v: torch.Tensor,  # [N, kv_heads, head_dim]
-    ) -> torch.Tensor:  # [N, heads, head_dim]
+        cache: TextWindowCache,
+        wb: WindowBatch,
+        q: torch.Tensor,  # [B, L, heads, head_dim]
+        k: torch.Tensor,  # [B, L, kv_heads, head_dim]
+        v: torch.Tensor,  # [B, L, kv_heads, head_dim]
+    ) -> torch.Tensor:  # [B, L, heads, head_dim]
+        """Attend every row to its slot's cached keys and to this forward's earlier rows, then
+        store this forward's valid rows in the cache."""
         ...
 
 
 class TorchWindowAttention:
-    """Gathers each request's window from the pages and runs masked SDPA per request."""
+    """One gather of the batch's slots and one masked SDPA (GQA) for the whole batch: the
+    kernels' torch reference, which is also the CPU path."""
 
     name = "torch"
 
-    def write_and_attend(self, cache, spec, segments, q, k, v):
-        slots = torch.cat([cache.slots(s.req_id, torch.arange(s.q_lo, s.q_hi)) for s in segments])
-        cache.write(slots, k, v)
-        out = torch.empty_like(q)
-        row = 0
-        group = q.shape[1] // k.shape[1]
-        for s in segments:
-            k_idx = spec.key_indices(s.q_lo, s.q_hi)  # [L]
-            keys, values = cache.read(cache.slots(s.req_id, k_idx))  # [L, kv_heads, head_dim]
-            q_idx = torch.arange(s.q_lo, s.q_hi)
-            mask = spec.mask(q_idx, k_idx).to(q.device)  # [n, L]
-            if s.length == 1 and bool(mask.all()):
-                mask = None  # a decode step sees every gathered key: SDPA's unmasked path is faster
-            qs = q[row : row + s.length].transpose(0, 1)  # [heads, n, head_dim]
-            ks = keys.to(q.dtype).transpose(0, 1)  # [kv_heads, L, head_dim]
-            vs = values.to(q.dtype).transpose(0, 1)
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, enable_gqa=group > 1)  # [heads, n, head_dim]
-            out[row : row + s.length] = o.transpose(0, 1)
-            row += s.length
-        return out
+    def write_and_attend(self, cache, wb, q, k, v):
+        return ring_window_attention_ref(
+            q, k, v, cache.k, cache.v, wb.slots, wb.pos, wb.valid, wb.cache_len,
+            anchors=cache.anchors, window=cache.spec.window or 0, ring=cache.ring, scale=q.shape[-1] ** -0.5)
 
 
 class TritonWindowAttention:
-    """The fused kernels of kernels/window_attention.py: one write launch, one attention launch
-    for the whole mixed batch (prefill runs, decode rows and chained draft rows alike)."""
+    """kernels/window_attention.py: one launch per draft forward, one program per
+    (request, kv head, query tile) so the query heads of a group share their key reads; the
+    cache write is folded into the attention launch when each request fits one query tile
+    (every decode and chained forward), and is a second launch otherwise."""
 
     name = "triton"
 
@@ -84,22 +58,11 @@ class TritonWindowAttention:
 
         self.kernels = kernels
 
-    def write_and_attend(self, cache, spec, segments, q, k, v):
-        segments = [s for s in segments if s.length]
-        if not segments:
-            return torch.empty_like(q)
-        dev = q.device
-        slots = torch.cat([cache.slots(s.req_id, torch.arange(s.q_lo, s.q_hi)) for s in segments])
-        self.kernels.write_kv(cache.k, cache.v, slots.to(dev), k, v)
-        tables = [cache.tables[s.req_id] for s in segments]
-        width = max(len(t) for t in tables)
-        block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)  # [R, width]
-        row_req = torch.cat([torch.full((s.length,), i) for i, s in enumerate(segments)])  # [N]
-        row_pos = torch.cat([torch.arange(s.q_lo, s.q_hi) for s in segments])  # [N]
-        out = self.kernels.window_attention(
-            q, cache.k, cache.v, block_tables.to(dev), row_req.to(dev), row_pos.to(dev),
-            spec.anchors, spec.window or 0, q.shape[-1] ** -0.5)
-        return out
+    def write_and_attend(self, cache, wb, q, k, v):
+        return self.kernels.ring_window_attention(
+            q, k, v, cache.k, cache.v, wb.slots, wb.pos, wb.valid, wb.cache_len,
+            anchors=cache.anchors, window=cache.spec.window or 0, ring=cache.ring,
+            scale=q.shape[-1] ** -0.5)
 
 
 def select_backend(device: torch.device) -> WindowAttentionBackend:

@@ -9,23 +9,34 @@ t + token t+1 -> state at t+1"); visual placeholder positions are skipped entire
 video's 25k tokens add nothing to the draft's cache or its per-step work. Entries built from
 the target's states are committed; the K-1 entries the draft builds from its own states while
 chaining are written past the committed end and overwritten by the next step.
+
+Batched and sync-free: request state lives in device tensors indexed by a slot (the host only
+maps request ids to slots), the whole batch goes through every draft forward as one [B, L]
+layout, and nothing is read back to the host, except the one `.item()` a step with a long
+prompt chunk needs to size its layout.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
-from .attention import Segment, WindowAttentionBackend
+from .attention import WindowAttentionBackend
 from .model import SparrowDraftModel, TokenIO
-from .window import TextKVCache, WindowSpec
+from .serving_layer import SparrowServingLayer
+from .window import TextWindowCache, WindowBatch, WindowSpec
 
-# sample(logits [R, vocab], batch_rows [R]) -> (token ids [R], probs [R, vocab] or None).
+# sample(logits [B, vocab]) -> (token ids [B], probs [B, vocab] or None).
 # probs are the distribution the ids were drawn from (None: deterministic, e.g. greedy).
-Sampler = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+Sampler = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, None]:
+    return logits.argmax(dim=-1), None
 
 
 @dataclass
@@ -35,19 +46,26 @@ class StepBatch:
     req_ids: list[str]  # [B]
     token_ids: torch.Tensor  # [T] tokens the target processed this step
     hidden: torch.Tensor  # [T, hidden] target final-layer (normed) hidden states of those tokens
-    row_start: list[int]  # [B] first row of each request in token_ids / hidden
-    num_valid: list[int]  # [B] rows whose states count (rejected draft rows excluded)
-    seq_start: list[int]  # [B] sequence index of the request's first row
-    num_prompt_tokens: list[int]  # [B] only prompt positions can be visual placeholders
+    query_start: np.ndarray  # [B + 1] host: request b owns rows query_start[b]:query_start[b+1]
+    num_valid: torch.Tensor  # [B] rows whose states count (rejected draft rows excluded)
+    seq_start: torch.Tensor  # [B] sequence index of the request's first row
+    num_prompt_tokens: torch.Tensor  # [B] only prompt positions can be visual placeholders
     next_token: torch.Tensor  # [B] the token after the last valid row
-    mid_prefill: list[bool]  # [B] prompt not fully processed yet: update the cache, no drafts
+    mid_prefill: torch.Tensor  # [B] bool: prompt not fully processed yet: commit, no drafts
 
-
-@dataclass
-class _RequestState:
-    seen: int = 0  # sequence index up to which target states were consumed
-    committed: int = 0  # committed text entries in the draft cache
-    pending: torch.Tensor | None = None  # [hidden] last text state still waiting for its next token
+    @classmethod
+    def from_lists(cls, req_ids: list[str], token_ids: torch.Tensor, hidden: torch.Tensor,
+                   row_start: Sequence[int], num_valid: Sequence[int], seq_start: Sequence[int],
+                   num_prompt_tokens: Sequence[int], next_token: torch.Tensor,
+                   mid_prefill: Sequence[bool]) -> StepBatch:
+        """Host-side construction (tests, the acceptance replay): rows of request b start at
+        row_start[b] and run to the next request's start (the last one to the end)."""
+        dev = token_ids.device
+        t = lambda xs, dt: torch.tensor(list(xs), dtype=dt, device=dev)  # noqa: E731
+        return cls(list(req_ids), token_ids.long(), hidden,
+                   np.asarray(list(row_start) + [token_ids.shape[0]], dtype=np.int64),
+                   t(num_valid, torch.long), t(seq_start, torch.long), t(num_prompt_tokens, torch.long),
+                   next_token.long(), t(mid_prefill, torch.bool))
 
 
 class SparrowDrafter:
@@ -59,139 +77,181 @@ class SparrowDrafter:
         backend: WindowAttentionBackend,
         device: torch.device,
         dtype: torch.dtype,
+        max_requests: int = 8,
+        max_draft_tokens: int = 8,
+        max_text_tokens: int = 1 << 14,
     ) -> None:
         cfg = model.cfg
-        self.model, self.io, self.backend = model, io, backend
+        self.io, self.backend, self.device = io, backend, torch.device(device)
+        self.max_draft_tokens = max_draft_tokens
+        self.layer = SparrowServingLayer(model, max_positions=max_text_tokens + max_draft_tokens + 1)
         self.spec = WindowSpec(cfg.anchor_tokens, cfg.window_tokens)
-        self.cache = TextKVCache(
-            cfg.num_key_value_heads, cfg.head_dim, cfg.cache_block_size, dtype, device
-        )
+        self.cache = TextWindowCache(self.spec, max_requests, max_draft_tokens, max_text_tokens,
+                                     cfg.num_key_value_heads, cfg.head_dim, dtype, device)
         self.visual_ids = torch.tensor(sorted(visual_token_ids), dtype=torch.long, device=device)
-        self.states: dict[str, _RequestState] = {}
-        # Largest draft-cache footprint each recent request reached (bytes), for metrics/tests.
-        self.peak_request_bytes: OrderedDict[str, int] = OrderedDict()
+        # Per-slot request state, on the device (slot max_requests is the cache's sink).
+        n = max_requests + 1
+        self.committed = torch.zeros(n, dtype=torch.long, device=device)  # text entries in the cache
+        self.seen = torch.full((n,), -1, dtype=torch.long, device=device)  # sequence index consumed
+        self.has_pending = torch.zeros(n, dtype=torch.bool, device=device)
+        self.pending = torch.zeros(n, cfg.hidden_size, dtype=dtype, device=device)  # last text state
+        # Host: request id -> slot.
+        self.slot_of: dict[str, int] = {}
+        self._free = list(range(max_requests - 1, -1, -1))
+        # Text entries each recent request committed (device values, read only by stats()).
+        self._released: OrderedDict[str, torch.Tensor] = OrderedDict()
 
     # ---- request lifecycle ---------------------------------------------------------
-    def release(self, req_ids) -> None:
-        """Forget requests that finished, were aborted or preempted (their blocks go back)."""
-        for r in req_ids:
-            self.states.pop(r, None)
-            self.cache.release(r)
+    def _slot(self, req_id: str) -> int:
+        slot = self.slot_of.get(req_id)
+        if slot is None:
+            if not self._free:
+                raise RuntimeError(
+                    f"draft cache: more than {self.cache.num_slots} requests at once; the drafter "
+                    "is sized by the engine's max_num_seqs")
+            slot = self.slot_of[req_id] = self._free.pop()
+            self.seen[slot] = -1  # a fresh stream (the slot may hold an older request's)
+        return slot
 
-    def _state(self, req_id: str, seq_start: int) -> _RequestState:
-        st = self.states.get(req_id)
-        if st is None or st.seen != seq_start:
-            # New request, recompute after preemption, or a prefix-cache hit whose states we
-            # never saw: start the text stream afresh from here. RoPE is relative, so starting
-            # the count at 0 loses only the context the draft did not see.
-            self.release([req_id])
-            st = self.states[req_id] = _RequestState(seen=seq_start)
-        return st
+    def release(self, req_ids) -> None:
+        """Forget requests that finished, were aborted or preempted (their slots go back)."""
+        for r in req_ids:
+            slot = self.slot_of.pop(r, None)
+            if slot is None:
+                continue
+            self._released[r] = self.committed[slot].clone()
+            while len(self._released) > 4096:
+                self._released.popitem(last=False)
+            self._free.append(slot)
 
     # ---- one engine step -----------------------------------------------------------
     @torch.inference_mode()
-    def step(
-        self, batch: StepBatch, num_draft: int, sample: Sampler
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def step(self, batch: StepBatch, num_draft: int, sample: Sampler = greedy
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Commit this step's target states, then draft `num_draft` tokens per request.
 
-        Returns draft ids [B, num_draft] and, when `sample` is probabilistic, the draft
-        probabilities [B, num_draft, vocab] the ids were drawn from.
+        Returns draft ids [B, num_draft] (zeros for requests still in their prompt) and, when
+        `sample` is probabilistic, the draft probabilities [B, num_draft, vocab].
         """
-        hidden_parts, token_parts, segments, drafting = [], [], [], []
-        for i, req_id in enumerate(batch.req_ids):
-            h, toks = self._commit_entries(batch, i)
-            st = self.states[req_id]
-            if h.shape[0]:
-                segments.append(Segment(req_id, st.committed - h.shape[0], st.committed))
-                hidden_parts.append(h)
-                token_parts.append(toks)
-                if not batch.mid_prefill[i]:
-                    drafting.append((i, len(segments) - 1))
-            self.cache.reserve(req_id, st.committed + max(num_draft - 1, 0))
+        if num_draft > self.max_draft_tokens:
+            raise ValueError(f"{num_draft} draft tokens asked, the drafter was sized for "
+                             f"{self.max_draft_tokens}")
+        slots = self.to_device([self._slot(r) for r in batch.req_ids])  # [B]
+        y_last, c_new, drafting = self._commit(batch, slots, num_draft)
+        return self._chain(y_last, slots, c_new, drafting, num_draft, sample)
 
-        B = len(batch.req_ids)
-        draft_ids = torch.zeros(B, num_draft, dtype=torch.long, device=batch.next_token.device)
-        if not segments:
-            self._after_step(batch.req_ids)
-            return draft_ids, None
-        y = self._forward(torch.cat(hidden_parts), torch.cat(token_parts), segments)
-        ends = torch.tensor([s.length for s in segments], device=y.device).cumsum(0) - 1
-        rows = torch.tensor([i for i, _ in drafting], dtype=torch.long, device=y.device)
-        probs_out = None
-        if drafting and num_draft > 0:
-            last = y[ends[[seg for _, seg in drafting]]]  # [R, hidden]
-            draft_ids[rows], probs_out = self._chain(last, [segments[s] for _, s in drafting], rows, num_draft, sample, B)
-        self._after_step(batch.req_ids)
-        return draft_ids, probs_out
+    def to_device(self, values) -> torch.Tensor:
+        """Host integers -> device int64 (pinned, asynchronous on CUDA: no sync)."""
+        host = values if isinstance(values, torch.Tensor) else torch.as_tensor(np.asarray(values, dtype=np.int64))
+        if self.device.type == "cuda":
+            return host.pin_memory().to(self.device, non_blocking=True)
+        return host.to(self.device)
 
-    def _after_step(self, req_ids: list[str]) -> None:
-        for req_id in req_ids:
-            used = self.cache.bytes_in_use(req_id)
-            self.cache.trim(req_id, self.spec, self.states[req_id].committed)
-            peak = max(used, self.peak_request_bytes.pop(req_id, 0))
-            self.peak_request_bytes[req_id] = peak
-        while len(self.peak_request_bytes) > 4096:
-            self.peak_request_bytes.popitem(last=False)
+    def _commit(self, batch: StepBatch, slots: torch.Tensor, num_draft: int):
+        """Run the first draft forward over this step's new entries; update the slots' state.
 
-    def _commit_entries(self, batch: StepBatch, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This step's committed entries of request i: (hidden [n, H], following token [n])."""
-        st = self._state(batch.req_ids[i], batch.seq_start[i])
-        lo, n = batch.row_start[i], batch.num_valid[i]
-        toks = batch.token_ids[lo : lo + n]
-        seq = torch.arange(batch.seq_start[i], batch.seq_start[i] + n, device=toks.device)
-        visual = torch.isin(toks, self.visual_ids) & (seq < batch.num_prompt_tokens[i])
-        text_rows = lo + torch.nonzero(~visual).flatten()  # [m]
-        items = batch.hidden[text_rows]  # [m, H]
-        following = batch.token_ids[text_rows]  # token of each text row
-        if st.pending is not None:
-            items = torch.cat([st.pending[None], items])
-        else:
-            following = following[1:]
-        if not batch.mid_prefill[i]:
-            following = torch.cat([following, batch.next_token[i : i + 1].to(following.dtype)])
-        count = min(following.shape[0], items.shape[0])
-        st.pending = items[count].clone() if count < items.shape[0] else None
-        st.committed += count
-        st.seen = batch.seq_start[i] + n
-        return items[:count], following[:count]
+        Worked example (one request, no pending state, A = 0): the target processed rows
+        [x5 x6 V V x7] (V visual, all valid), next token x8, 10 entries committed before.
+        Items (text states) h5 h6 h7 take ranks 0 1 2; the following tokens are x6 x7 x8,
+        so the entries (h5, x6) (h6, x7) (h7, x8) get text indices 10 11 12, and the output
+        of rank 2 predicts the state of x8, from which the chain drafts. Had the prompt not
+        ended here (mid-prefill), x8 would be unknown: h7 stays pending for the next chunk.
+        """
+        qs = batch.query_start
+        B, T = len(batch.req_ids), int(qs[-1])
+        qlen = np.diff(qs)  # [B] host
+        row_req_h = np.repeat(np.arange(B), qlen)  # [T]
+        row_req = self.to_device(row_req_h)
+        row_off = self.to_device(np.arange(T) - qs[:-1][row_req_h])  # [T] row within its request
+        starts = self.to_device(qs[:-1])  # [B]
 
-    def _forward(self, hidden, tokens, segments: list[Segment]) -> torch.Tensor:
-        """Run the draft layer on entries (rows ordered by segment); returns [N, hidden]."""
-        positions = torch.cat([torch.arange(s.q_lo, s.q_hi) for s in segments]).to(hidden.device)
+        fresh = self.seen[slots] != batch.seq_start  # new, preempted or prefix-cached: restart
+        c0 = torch.where(fresh, 0, self.committed[slots])  # [B]
+        hp = self.has_pending[slots] & ~fresh  # [B]
 
-        def attend(q, k, v):
-            return self.backend.write_and_attend(self.cache, self.spec, segments, q, k, v)
+        toks = batch.token_ids  # [T]
+        seq = batch.seq_start[row_req] + row_off
+        visual = torch.isin(toks, self.visual_ids) & (seq < batch.num_prompt_tokens[row_req])
+        is_item = (row_off < batch.num_valid[row_req]) & ~visual  # [T] a text state that counts
+        csum = is_item.long().cumsum(0)
+        before = (csum - is_item.long())[starts]  # [B] items of earlier requests
+        n_items = hp.long() + torch.cat([before[1:], csum[-1:]]) - before  # [B] incl. pending
+        rank = hp.long()[row_req] + csum - 1 - before[row_req]  # [T]
+        nt = ~batch.mid_prefill  # [B] the token after the last item is known
+        count = (n_items - 1 + nt.long()).clamp(min=0)  # [B] entries committed this step
 
-        embeds = self.io.embed(tokens)
-        return self.model(hidden.to(embeds.dtype), embeds, positions, attend)
+        # Layout width: a decode/verify step (short queries) needs no sync; a prompt chunk asks
+        # the device how many text rows it has (the only host read of a step).
+        L = int(qlen.max()) + 1 if qlen.max() <= num_draft + 1 else int(n_items.max())
+        L = max(L, 1)
+        dump = B * L
+        dest = torch.where(is_item, row_req * L + rank, dump)  # [T]
+        H = batch.hidden.shape[-1]
+        hid = self.pending.new_zeros(dump + 1, H)
+        hid[torch.where(hp, torch.arange(B, device=self.device) * L, dump)] = self.pending[slots]
+        hid[dest] = batch.hidden.to(hid.dtype)
+        tok = toks.new_zeros(dump + 1)
+        tok[dest] = toks
+        hid, tok = hid[:dump], tok[:dump].view(B, L)  # [B * L, H], [B, L]
 
-    def _chain(self, last, segs, rows, num_draft, sample, B):
-        """Autoregressive drafting from each request's last committed entry."""
+        u = torch.arange(L, device=self.device)[None, :]  # [1, L]
+        following = torch.cat([tok[:, 1:], tok[:, :1]], 1)  # token of the next item
+        following = torch.where(u + 1 < n_items[:, None], following, batch.next_token[:, None])
+        wb = WindowBatch(slots, c0[:, None] + u, u < count[:, None], c0)
+        y = self._forward(hid, following, wb).view(B, L, H)
+
+        # State after this step (slots are distinct within a batch).
+        keep_pending = ~nt & (n_items > 0)
+        last_item = hid.view(B, L, H)[torch.arange(B, device=self.device), (n_items - 1).clamp(min=0)]
+        self.pending[slots] = torch.where(keep_pending[:, None], last_item, self.pending[slots])
+        self.has_pending[slots] = keep_pending
+        c_new = c0 + count
+        self.committed[slots] = c_new
+        self.seen[slots] = batch.seq_start + batch.num_valid
+        y_last = y[torch.arange(B, device=self.device), (count - 1).clamp(min=0)]  # [B, H]
+        return y_last, c_new, nt & (count > 0)
+
+    def _forward(self, hidden, tokens, wb: WindowBatch) -> torch.Tensor:
+        """One draft forward over a [B, L] layout; returns [B * L, hidden]."""
+        B, L = wb.pos.shape
+        heads, kv, d = self.layer.heads, self.layer.kv_heads, self.layer.head_dim
+
+        def attend(q, k, v):  # [B * L, heads | kv_heads, D]
+            out = self.backend.write_and_attend(self.cache, wb, q.view(B, L, heads, d),
+                                                k.view(B, L, kv, d), v.view(B, L, kv, d))
+            return out.reshape(B * L, heads, d)
+
+        embeds = self.io.embed(tokens.reshape(-1))
+        return self.layer(hidden.reshape(B * L, -1), embeds, wb.pos.reshape(-1), attend)
+
+    def _chain(self, y, slots, c_new, drafting, num_draft, sample):
+        """K autoregressive draft tokens per request from its last committed entry; the chain's
+        own entries go to text indices c_new, c_new + 1, ... (scratch, overwritten next step)."""
         ids, probs = [], []
-        y = last  # [R, hidden]
         for step in range(num_draft):
-            tok, p = sample(self.io.logits(y), rows)
+            tok, p = sample(self.io.logits(y))  # [B]
             ids.append(tok)
             if p is not None:
                 probs.append(p)
             if step == num_draft - 1:
                 break
-            spec_segments = [Segment(s.req_id, s.q_hi + step, s.q_hi + step + 1) for s in segs]
-            y = self._forward(y, tok, spec_segments)
-        out_ids = torch.stack(ids, dim=1)  # [R, K]
-        if not probs:
-            return out_ids, None
-        full = torch.zeros(B, num_draft, probs[0].shape[-1], dtype=probs[0].dtype, device=last.device)
-        full[rows] = torch.stack(probs, dim=1)
-        return out_ids, full
+            pos = c_new + step  # [B]
+            wb = WindowBatch(slots, pos[:, None], drafting[:, None], pos)
+            y = self._forward(y, tok[:, None], wb)
+        out = torch.stack(ids, 1) if ids else torch.zeros(len(slots), 0, dtype=torch.long, device=self.device)
+        out = torch.where(drafting[:, None], out, 0)  # [B, K]
+        return out, (torch.stack(probs, 1) if probs else None)
 
     # ---- accounting ----------------------------------------------------------------
     def stats(self) -> dict:
+        """Occupancy and per-request text entries (reads device values: tests and benchmarks)."""
+        entries = {r: int(c) for r, c in self._released.items()}
+        entries.update({r: int(self.committed[s]) for r, s in self.slot_of.items()})
         return {
-            "live_requests": sorted(self.states),
-            "blocks_in_use": self.cache.blocks_in_use(),
-            "pool_blocks": self.cache.num_blocks,
-            "bytes_per_block": self.cache.bytes_per_block(),
-            "peak_request_bytes": dict(self.peak_request_bytes),
+            "live_requests": sorted(self.slot_of),
+            "slots_in_use": len(self.slot_of),
+            "num_slots": self.cache.num_slots,
+            "bytes_per_slot": self.cache.bytes_per_slot,
+            "cache_bytes": self.cache.nbytes,
+            "text_entries": entries,
         }

@@ -3,20 +3,23 @@
 A V1 `EagleProposer` subclass (the runner type-checks its drafter against EagleProposer), built
 by patches.py for method "sparrow". It replaces the EAGLE data path: vLLM allocates no draft KV
 cache and never feeds visual embeddings to the draft; each step is translated into a
-`StepBatch` and handed to `SparrowDrafter`, which owns the text-only window cache.
+`StepBatch` and handed to `SparrowDrafter`, which owns the text-only window cache (allocated
+once at load time, sized by max_num_seqs, refused with a message when it cannot fit).
 """
 
 from __future__ import annotations
 
 
+import numpy as np
 import torch
 from vllm.v1.spec_decode.eagle import EagleProposer
 
 from .attention import select_backend
 from .checkpoint import load_draft
-from .drafter import Sampler, SparrowDrafter, StepBatch
+from .drafter import Sampler, SparrowDrafter, StepBatch, greedy
 from .model import OwnTokenIO
 from .targets import target_spec
+from .window import TextWindowCache, WindowSpec
 
 from vllm.logger import init_logger
 
@@ -55,18 +58,25 @@ class SparrowProposer(EagleProposer):
         model = load_draft(draft_dir, device=self.device, dtype=self.dtype)
         target = target_spec(self.vllm_config.model_config.hf_config)
         backend = select_backend(self.device)
+        cfg = model.cfg
+        max_seqs = self.vllm_config.scheduler_config.max_num_seqs
+        k = self.num_speculative_tokens
+        spec = WindowSpec(cfg.anchor_tokens, cfg.window_tokens)
+        need = TextWindowCache.bytes_needed(spec, max_seqs, k, self.max_model_len,
+                                            cfg.num_key_value_heads, cfg.head_dim, self.dtype)
+        check_cache_budget(need, self.device, max_seqs, cfg.window_tokens)
         # Kept off `self.model`: the runner wraps a drafter's `.model` in CUDA-graph wrappers.
         self.sparrow_model = model
         self.drafter = SparrowDrafter(
             model, OwnTokenIO(model, _TargetTokenIO(target_model)), target.visual_token_ids,
-            backend, self.device, self.dtype,
+            backend, self.device, self.dtype, max_requests=max_seqs, max_draft_tokens=k,
+            max_text_tokens=self.max_model_len,
         )
-        cfg = model.cfg
         logger.info(
-            "Sparrow draft %s loaded: text-only window cache (anchors=%d, window=%s, block=%d), "
-            "attention backend %s, visual token ids %s skipped",
-            draft_dir, cfg.anchor_tokens, cfg.window_tokens, cfg.cache_block_size,
-            backend.name, list(target.visual_token_ids),
+            "Sparrow draft %s loaded: text-only window cache (anchors=%d, window=%s) of %d slots x "
+            "%d rows = %.1f MiB, attention backend %s, visual token ids %s skipped",
+            draft_dir, cfg.anchor_tokens, cfg.window_tokens, max_seqs, self.drafter.cache.capacity,
+            self.drafter.cache.nbytes / 2**20, backend.name, list(target.visual_token_ids),
         )
 
     def initialize_attn_backend(self, kv_cache_config, kernel_block_sizes=None) -> None:
@@ -82,7 +92,7 @@ class SparrowProposer(EagleProposer):
         pass
 
     def dummy_run(self, num_tokens: int, *args, **kwargs) -> None:
-        pass  # no collectives and nothing to warm up
+        pass  # the cache is allocated at load time, before vLLM profiles memory
 
     def release_requests(self, req_ids) -> None:
         if self.drafter is not None:
@@ -115,34 +125,60 @@ class SparrowProposer(EagleProposer):
         return draft_ids
 
     def _step_batch(self, token_ids, hidden, next_token_ids, cm, num_rejected) -> StepBatch:
+        """The engine step as the drafter sees it, without reading anything back from the
+        device: per-request counts come from the runner's host arrays or stay on the device."""
         n = cm.num_reqs
-        qsl = cm.query_start_loc_cpu[: n + 1].tolist()
-        seq_lens = cm.seq_lens[:n].cpu().tolist()
-        rejected = num_rejected[:n].cpu().tolist() if num_rejected is not None else [0] * n
-        req_ids = list(self.runner.input_batch.req_ids[:n])
-        query_lens = [qsl[i + 1] - qsl[i] for i in range(n)]
+        qsl = cm.query_start_loc[: n + 1]  # [B + 1] device
+        query_lens = qsl[1:] - qsl[:-1]  # [B]
+        num_valid = query_lens - num_rejected[:n] if num_rejected is not None else query_lens
+        batch = self.runner.input_batch
+        prompt_lens = torch.from_numpy(batch.num_prompt_tokens[:n].astype(np.int64))
         return StepBatch(
-            req_ids=req_ids,
+            req_ids=list(batch.req_ids[:n]),
             token_ids=token_ids.long(),
             hidden=hidden,
-            row_start=qsl[:n],
-            num_valid=[q - r for q, r in zip(query_lens, rejected)],
-            seq_start=[s - q for s, q in zip(seq_lens, query_lens)],
-            num_prompt_tokens=[self.runner.requests[r].num_prompt_tokens for r in req_ids],
+            query_start=cm.query_start_loc_cpu[: n + 1].numpy().astype(np.int64),
+            num_valid=num_valid.long(),
+            seq_start=(cm.seq_lens[:n] - query_lens).long(),
+            num_prompt_tokens=self.drafter.to_device(prompt_lens),
             next_token=next_token_ids[:n].long(),
-            mid_prefill=[bool(x) for x in self.runner.discard_request_mask.np[:n]],
+            mid_prefill=self.runner.discard_request_mask.gpu[:n],
         )
 
     def _sampler(self, md) -> Sampler:
         if not self._enable_probabilistic_draft_probs or md.all_greedy:
-            return lambda logits, rows: (logits.argmax(dim=-1), None)
+            return greedy
         gen = self.draft_generator
 
-        def sample(logits: torch.Tensor, rows: torch.Tensor):
-            temp = md.temperature[rows].float()  # [R]
-            greedy = temp < _SAMPLING_EPS
-            probs = (logits.float() / torch.where(greedy, 1.0, temp)[:, None]).softmax(-1)
-            ids = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
-            return torch.where(greedy, probs.argmax(-1), ids), probs
+        def sample(logits: torch.Tensor):  # [B, vocab]
+            temp = md.temperature[: logits.shape[0]].float()  # [B]
+            is_greedy = temp < _SAMPLING_EPS
+            probs = (logits.float() / torch.where(is_greedy, 1.0, temp)[:, None]).softmax(-1)
+            # Exponential race (argmax of p / E, E ~ Exp(1)) draws from probs without
+            # torch.multinomial's host-side checks.
+            race = probs / torch.empty_like(probs).exponential_(generator=gen)
+            return torch.where(is_greedy, probs.argmax(-1), race.argmax(-1)), probs
 
         return sample
+
+
+def check_cache_budget(need: int, device: torch.device, max_seqs: int, window: int | None) -> None:
+    """Refuse, at start-up, a draft cache that cannot fit in the free memory of the device."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(dev)
+    else:
+        import psutil
+
+        free = psutil.virtual_memory().available
+    if need > free * 0.9:
+        hint = ("window_tokens: null keeps every text token of max_model_len per slot; "
+                "lower max_model_len") if window is None else "lower window_tokens"
+        raise DraftCacheTooLarge(
+            f"the Sparrow draft cache needs {need / 2**30:.2f} GiB ({max_seqs} slots, one per "
+            f"max_num_seqs), but only {free / 2**30:.2f} GiB is free on {dev}. Lower max_num_seqs, "
+            f"or {hint}.")
+
+
+class DraftCacheTooLarge(RuntimeError):
+    pass

@@ -1,12 +1,22 @@
-"""The draft's KV cache: text positions only, paged, with its own allocator.
+"""The draft's KV cache: text positions only, one fixed ring per request slot.
 
 Index space: every request counts its text tokens 0, 1, 2, ... (visual placeholders are never
 counted), and that text index is both the cache index and the draft's rotary position. A
-query at text index q attends to keys k <= q with k < anchors or k > q - window.
-Blocks whose every index is below the window of all future queries (and not an anchor) are
-freed as the request advances, so a request holds at most about
-ceil(anchors / block) + ceil((window + lookahead) / block) + 1 blocks however long it runs,
-and nothing at all for its visual tokens.
+query at text index p attends to keys i <= p with i < A (anchors) or i > p - W (window).
+
+Storage: one slot per request the engine can hold at once (max_num_seqs), each A + R rows:
+
+    text index i  ->  row i                      if i < A      (anchors, written once)
+                      row A + (i - A) mod R      otherwise      (a ring of R >= W + K rows)
+
+Worked example, A = 2, W = 3, R = 4 (K = 1): indices 0..9 land in rows
+    0 1 | 2 3 4 5 2 3 4 5      (index 7 overwrote index 3, which no query >= 7 can see).
+The K - 1 entries the draft chains past the committed end land in rows whose previous indices
+are all older than any window still to be read, and the next step's commits overwrite them,
+so nothing is ever allocated, trimmed or freed while serving. The memory is fixed at start-up:
+(max_num_seqs + 1) x kv_heads x (A + R) x head_dim x 2 (K, V) x dtype bytes; the extra slot
+is a sink that absorbs writes of padding rows. With window_tokens null (the no-window
+ablation) the ring holds every text index the server can reach (R = max text tokens).
 """
 
 from __future__ import annotations
@@ -14,8 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
-FREED = -1  # block-table entry of a block given back to the pool
+from vllm_sparrow_kernels.window_attention_ref import ring_key_mask, ring_row, ring_stored_index, ring_write_ref
 
 
 @dataclass(frozen=True)
@@ -23,20 +32,8 @@ class WindowSpec:
     anchors: int  # A: first text tokens every query sees
     window: int | None  # W: last text tokens every query sees (itself included); None = all
 
-    def first_live_index(self, next_query: int) -> int:
-        """Smallest non-anchor index any query >= next_query can still attend to."""
-        if self.window is None:
-            return 0
-        return max(0, next_query - self.window + 1)
-
-    def key_indices(self, q_lo: int, q_hi: int) -> torch.Tensor:
-        """Union of the keys that queries q_lo..q_hi-1 attend to (sorted)."""
-        lo = self.first_live_index(q_lo)
-        anchors = torch.arange(min(self.anchors, lo))
-        return torch.cat([anchors, torch.arange(lo, q_hi)])
-
     def mask(self, q_idx: torch.Tensor, k_idx: torch.Tensor) -> torch.Tensor:
-        """[len(q), len(k)] True where query q may attend key k."""
+        """[len(q), len(k)] True where query q may attend key k (dense reference, training)."""
         q, k = q_idx[:, None], k_idx[None, :]
         allowed = k <= q
         if self.window is not None:
@@ -44,95 +41,68 @@ class WindowSpec:
         return allowed
 
 
-class TextKVCache:
-    """Paged K/V pool for the draft's single attention layer, grown on demand."""
+@dataclass
+class WindowBatch:
+    """One draft forward's rows, laid out [B, L]: row (b, u) is an entry of request b.
 
-    def __init__(
-        self,
-        num_kv_heads: int,
-        head_dim: int,
-        block_size: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        initial_blocks: int = 64,
-    ) -> None:
-        self.block_size = block_size
-        shape = (initial_blocks, block_size, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [blocks, block, kv_heads, head_dim]
+    Everything the attention backends need, on the device, with fixed shapes per (B, L).
+    """
+
+    slots: torch.Tensor  # [B] int64 cache slot of each request
+    pos: torch.Tensor  # [B, L] int64 text index of each row (its query position and key index)
+    valid: torch.Tensor  # [B, L] bool: a real entry (stored, visible as a key); padding is not
+    cache_len: torch.Tensor  # [B] int64 entries of the request in the cache before this forward
+
+
+class TextWindowCache:
+    """K/V rings of every request slot, allocated once: [slots + 1, kv_heads, A + R, D]."""
+
+    def __init__(self, spec: WindowSpec, num_slots: int, lookahead: int, max_text_tokens: int,
+                 num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
+        self.spec = spec
+        self.anchors = spec.anchors
+        self.ring = self.ring_rows(spec, lookahead, max_text_tokens)  # R
+        self.capacity = self.anchors + self.ring  # rows per slot
+        self.num_slots = num_slots
+        self.sink = num_slots  # the extra slot: padding rows write here, nothing reads it
+        shape = (num_slots + 1, num_kv_heads, self.capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self._free: list[int] = list(range(initial_blocks - 1, -1, -1))
-        self.tables: dict[str, list[int]] = {}  # request -> block ids (FREED where given back)
 
-    # ---- allocation ----------------------------------------------------------------
+    @staticmethod
+    def ring_rows(spec: WindowSpec, lookahead: int, max_text_tokens: int) -> int:
+        if spec.window is None:  # every text index keeps its own row: nothing wraps
+            return max(1, max_text_tokens) + max(lookahead, 1)
+        return spec.window + max(lookahead, 1)
+
+    @classmethod
+    def bytes_needed(cls, spec: WindowSpec, num_slots: int, lookahead: int, max_text_tokens: int,
+                     num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        rows = spec.anchors + cls.ring_rows(spec, lookahead, max_text_tokens)
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * (num_slots + 1) * num_kv_heads * rows * head_dim * elem
+
     @property
-    def num_blocks(self) -> int:
-        return self.k.shape[0]
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
 
-    def _grow(self) -> None:
-        old = self.num_blocks
-        self.k = torch.cat([self.k, torch.zeros_like(self.k)])
-        self.v = torch.cat([self.v, torch.zeros_like(self.v)])
-        self._free.extend(range(2 * old - 1, old - 1, -1))
+    @property
+    def bytes_per_slot(self) -> int:
+        return self.k[0].numel() * self.k.element_size() * 2
 
-    def _take(self) -> int:
-        if not self._free:
-            self._grow()
-        return self._free.pop()
+    # ---- the slot rule: kernels/window_attention_ref.py holds it, once ------------------
+    def row_of(self, idx: torch.Tensor) -> torch.Tensor:
+        """Row of text index idx (any shape)."""
+        return ring_row(idx, self.anchors, self.ring)
 
-    def reserve(self, req_id: str, length: int) -> None:
-        """Back text indices [0, length) of the request that are not freed with blocks."""
-        table = self.tables.setdefault(req_id, [])
-        while len(table) * self.block_size < length:
-            table.append(self._take())
+    def stored_index(self, cache_len: torch.Tensor) -> torch.Tensor:
+        """[B, A + R] text index held by each row of slots with cache_len entries (-1: none)."""
+        return ring_stored_index(cache_len, self.anchors, self.ring)
 
-    def trim(self, req_id: str, spec: WindowSpec, next_query: int) -> None:
-        """Give back blocks that no query >= next_query can attend to."""
-        table = self.tables.get(req_id)
-        if not table:
-            return
-        live_from = spec.first_live_index(next_query)
-        bs = self.block_size
-        for b, block in enumerate(table):
-            if block == FREED or b * bs < spec.anchors:
-                continue
-            if (b + 1) * bs > live_from:
-                break
-            self._free.append(block)
-            table[b] = FREED
+    def key_mask(self, wb: WindowBatch) -> torch.Tensor:
+        """[B, L, A + R + L] which keys (the slot's rows, then this forward's) each row reads."""
+        return ring_key_mask(wb.pos, wb.valid, wb.cache_len, self.anchors, self.spec.window or 0, self.ring)
 
-    def release(self, req_id: str) -> None:
-        for block in self.tables.pop(req_id, []):
-            if block != FREED:
-                self._free.append(block)
-
-    # ---- addressing ----------------------------------------------------------------
-    def slots(self, req_id: str, indices: torch.Tensor) -> torch.Tensor:
-        """Flat slot (block * block_size + offset) of each text index. indices: [n] (CPU)."""
-        table = torch.tensor(self.tables[req_id], dtype=torch.long)
-        blocks = table[indices // self.block_size]
-        if bool((blocks == FREED).any()):
-            raise RuntimeError(f"draft cache: request {req_id} addressed a freed block")
-        return blocks * self.block_size + indices % self.block_size
-
-    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """slots: [n]; k, v: [n, kv_heads, head_dim]."""
-        slots = slots.to(self.k.device)
-        self.k.view(-1, *self.k.shape[2:])[slots] = k.to(self.k.dtype)
-        self.v.view(-1, *self.v.shape[2:])[slots] = v.to(self.v.dtype)
-
-    def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        slots = slots.to(self.k.device)
-        return self.k.view(-1, *self.k.shape[2:])[slots], self.v.view(-1, *self.v.shape[2:])[slots]
-
-    # ---- accounting ----------------------------------------------------------------
-    def blocks_in_use(self, req_id: str | None = None) -> int:
-        if req_id is not None:
-            return sum(b != FREED for b in self.tables.get(req_id, []))
-        return self.num_blocks - len(self._free)
-
-    def bytes_per_block(self) -> int:
-        per = self.k[0].numel() * self.k.element_size()
-        return 2 * per  # K and V
-
-    def bytes_in_use(self, req_id: str | None = None) -> int:
-        return self.blocks_in_use(req_id) * self.bytes_per_block()
+    def write(self, wb: WindowBatch, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store the valid rows' k/v ([B, L, kv_heads, D]); padding goes to the sink slot."""
+        ring_write_ref(self.k, self.v, wb.slots, wb.pos, wb.valid, k, v, self.anchors, self.ring)

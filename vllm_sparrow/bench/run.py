@@ -142,10 +142,9 @@ def _request(prompt: str, clip: Clip) -> dict:
 
 def _cache_bytes(llm, method: str, outs: list[dict], cfg: BenchConfig) -> float:
     if method == "sparrow" or method in cfg.ablations:
-        from ..testing.engine import peak_bytes_by_request
+        from ..testing.engine import drafter_stats
 
-        peaks = peak_bytes_by_request(llm)
-        return sum(peaks.get(o["request_id"], 0) for o in outs) / len(outs)
+        return float(drafter_stats(llm)["bytes_per_slot"])  # a request's fixed ring, whatever its length
     if method == "eagle":
         return sum(eagle_cache_bytes(cfg.eagle, o["prompt_tokens"] + len(o["token_ids"])) for o in outs) / len(outs)
     return 0.0

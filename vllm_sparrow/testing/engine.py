@@ -28,13 +28,13 @@ def spec_counters(llm) -> dict[str, Any]:
     return out
 
 
-def peak_bytes_by_request(llm) -> dict[str, int]:
-    """Peak draft-cache bytes per request, keyed by the caller's request id.
+def text_entries_by_request(llm) -> dict[str, int]:
+    """Text entries each request committed to the draft cache, keyed by the caller's request id.
 
     The engine core suffixes request ids ("<id>-<random>"); strip that suffix.
     """
-    peaks = drafter_stats(llm)["peak_request_bytes"]
-    return {key.rsplit("-", 1)[0]: value for key, value in peaks.items()}
+    entries = drafter_stats(llm)["text_entries"]
+    return {key.rsplit("-", 1)[0]: value for key, value in entries.items()}
 
 
 def _record_on(worker) -> None:
@@ -46,8 +46,9 @@ def _record_on(worker) -> None:
         def step(batch, num_draft, sample):
             drafter.recorded.append({
                 "req_ids": list(batch.req_ids), "token_ids": batch.token_ids.cpu().clone(),
-                "hidden": batch.hidden.float().cpu().clone(), "row_start": list(batch.row_start),
-                "num_valid": list(batch.num_valid), "seq_start": list(batch.seq_start)})
+                "hidden": batch.hidden.float().cpu().clone(),
+                "row_start": batch.query_start[:-1].tolist(),
+                "num_valid": batch.num_valid.tolist(), "seq_start": batch.seq_start.tolist()})
             return original(batch, num_draft, sample)
 
         drafter.step = step

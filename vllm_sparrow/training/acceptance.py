@@ -47,10 +47,6 @@ def _verify(est: AcceptanceEstimate, drafts: list[int], tokens, greedy, c: int) 
     return accepted
 
 
-def _greedy(logits: torch.Tensor, rows: torch.Tensor):
-    return logits.argmax(-1), None
-
-
 @torch.no_grad()
 def estimate_acceptance(draft: SparrowDraftModel, io, samples, k: int) -> AcceptanceEstimate:
     """samples: iterable of captured samples (dicts from ShardReader)."""
@@ -71,12 +67,13 @@ def _replay(draft, io, sample, k: int, est: AcceptanceEstimate) -> None:
     m = tokens.shape[0]
     greedy = io.logits(hidden).argmax(-1)  # [m] target's choice for the token after each
     drafter = SparrowDrafter(draft, OwnTokenIO(draft, io), (), TorchWindowAttention(),
-                             hidden.device, hidden.dtype)
+                             hidden.device, hidden.dtype, max_requests=1, max_draft_tokens=k,
+                             max_text_tokens=m + k + 1)
     lo, c = 0, p  # rows to feed start at lo; c = index of the newest verified token
     while c + k < m:
-        batch = StepBatch(["r"], tokens[lo:c], hidden[lo:c], [0], [c - lo], [lo], [p],
+        batch = StepBatch.from_lists(["r"], tokens[lo:c], hidden[lo:c], [0], [c - lo], [lo], [p],
                           tokens[c : c + 1], [False])
-        drafts, _ = drafter.step(batch, k, _greedy)
+        drafts, _ = drafter.step(batch, k)
         accepted = _verify(est, drafts[0].tolist(), tokens, greedy, c)
         lo, c = c, c + accepted + 1  # verify step rows: the last verified token + accepted drafts
     drafter.release(["r"])

@@ -1,5 +1,5 @@
 """Under a tiny KV budget (forced preemptions and recomputes) and with aborts, sparrow stays
-lossless and every draft-cache block comes back."""
+lossless and every draft-cache slot comes back."""
 
 from conftest import TRAINED_TEXTS, close_llm, make_llm
 from vllm import SamplingParams
@@ -55,6 +55,5 @@ def test_lossless_and_all_blocks_free_after_preemptions_and_aborts(target_dirs, 
     # vLLM tells workers about finished/aborted requests with the next step: run one more.
     llm.generate([prompts[0]], SamplingParams(max_tokens=1))
     stats = drafter_stats(llm)
-    assert len(stats["live_requests"]) <= 1
-    assert stats["blocks_in_use"] <= 2 * stats["pool_blocks"] and stats["blocks_in_use"] <= 4
+    assert len(stats["live_requests"]) <= 1 and stats["slots_in_use"] == len(stats["live_requests"])
     close_llm(llm)

@@ -55,8 +55,10 @@ def ring_key_mask(pos, valid, cache_len, anchors: int, window: int, ring: int) -
     p = pos[:, :, None]  # [B, L, 1]
     cached = ring_stored_index(cache_len, anchors, ring)[:, None, :]  # [B, 1, A + R]
     ok_cached = (cached >= 0) & _allowed(cached, p, anchors, window)
-    ok_new = valid[:, None, :] & _allowed(pos[:, None, :], p, anchors, window)  # [B, L, L]
     L = pos.shape[1]
+    if L == 1:  # a chained forward: the row sees itself (its own key), nothing else new
+        return torch.cat([ok_cached, torch.ones_like(ok_cached[..., :1])], -1)
+    ok_new = valid[:, None, :] & _allowed(pos[:, None, :], p, anchors, window)  # [B, L, L]
     ok_new = ok_new | torch.eye(L, dtype=torch.bool, device=pos.device)  # padding rows see themselves
     return torch.cat([ok_cached.expand(-1, L, -1), ok_new], -1)
 
@@ -69,8 +71,11 @@ def ring_write_ref(k_cache, v_cache, slots, pos, valid, k, v, anchors: int, ring
     sink = k_cache.shape[0] - 1
     slot = torch.where(keep, slots[:, None], sink).flatten()  # [B * L]
     row = torch.where(keep, ring_row(pos, anchors, ring), 0).flatten()
-    k_cache[slot, :, row] = k.flatten(0, 1).to(k_cache.dtype)
-    v_cache[slot, :, row] = v.flatten(0, 1).to(v_cache.dtype)
+    k, v = k.flatten(0, 1), v.flatten(0, 1)  # [B * L, kv, D]
+    if k.dtype != k_cache.dtype:
+        k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
+    k_cache[slot, :, row] = k
+    v_cache[slot, :, row] = v
 
 
 def ring_window_attention_ref(q, k, v, k_cache, v_cache, slots, pos, valid, cache_len, anchors: int,
@@ -80,8 +85,10 @@ def ring_window_attention_ref(q, k, v, k_cache, v_cache, slots, pos, valid, cach
     One gather of the batch's slots and one masked SDPA (GQA) for the whole batch.
     """
     kc, vc = k_cache.index_select(0, slots), v_cache.index_select(0, slots)  # [B, kv, A + R, D], before writing
-    keys = torch.cat([kc.to(q.dtype), k.transpose(1, 2).to(q.dtype)], 2)  # [B, kv, A + R + L, D]
-    values = torch.cat([vc.to(q.dtype), v.transpose(1, 2).to(q.dtype)], 2)
+    if kc.dtype != q.dtype:
+        kc, vc = kc.to(q.dtype), vc.to(q.dtype)
+    keys = torch.cat([kc, k.transpose(1, 2).to(q.dtype)], 2)  # [B, kv, A + R + L, D]
+    values = torch.cat([vc, v.transpose(1, 2).to(q.dtype)], 2)
     mask = ring_key_mask(pos, valid, cache_len, anchors, window, ring)[:, None]  # [B, 1, L, A + R + L]
     out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask, scale=scale,
                                          enable_gqa=q.shape[2] != k.shape[2])  # [B, H, L, D]

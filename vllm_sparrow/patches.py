@@ -10,6 +10,10 @@ its own proposer object and its own text-only cache; vLLM allocates no draft KV 
                               runs upstream's EAGLE set-up for it
   use-eagle                   SpeculativeConfig.use_eagle() is True for sparrow (hidden states
                               reach the drafter, lookahead slots, drafter wiring)
+  async-scheduling-method     vllm.config.vllm's EagleModelTypes (read only by the async-scheduling
+                              check) includes sparrow, so vLLM keeps async scheduling on for it as
+                              for EAGLE: the drafter reads nothing back from the device (the CPU
+                              platform turns async scheduling off for every method anyway)
   v2-runner-fallback          Model Runner V2 lists sparrow as unsupported, so vLLM logs and
                               uses the V1 runner (Sparrow's proposer is a V1 EagleProposer)
   eagle-proposer-new          EagleProposer(...) builds a SparrowProposer for method sparrow
@@ -110,6 +114,7 @@ def apply_patches() -> None:
 
     logger = init_logger("vllm_sparrow")
     _patch_speculative_config()
+    _patch_async_scheduling_method()
     _patch_v2_fallback()
     _patch_eagle_proposer()
     _patch_runner_release()
@@ -168,6 +173,15 @@ def _wrap_use_eagle(original: Callable) -> Callable:
         return self.method == METHOD or original(self)
 
     return use_eagle
+
+
+def _patch_async_scheduling_method() -> None:
+    from typing import Literal
+
+    from vllm.config import vllm as vllm_config_mod
+
+    extended = Literal[vllm_config_mod.EagleModelTypes, Literal[METHOD]]  # type: ignore[valid-type]
+    _set_entry("async-scheduling-method", vars(vllm_config_mod), "EagleModelTypes", extended)
 
 
 def _patch_v2_fallback() -> None:

@@ -50,12 +50,13 @@ class SparrowServingLayer:
         self.cfg = cfg
         self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.eps = cfg.rms_norm_eps
-        w = lambda lin: lin.weight.detach()  # noqa: E731
-        self.fc = w(model.fc)  # [H, 2H]
-        self.qkv = torch.cat([w(model.q_proj), w(model.k_proj), w(model.v_proj)])  # [(nh + 2 nkv) * D, H]
-        self.o = w(model.o_proj)  # [H, nh * D]
-        self.gate_up = torch.cat([w(model.gate_proj), w(model.up_proj)])  # [2I, H]
-        self.down = w(model.down_proj)  # [H, I]
+        # Weights stored transposed ([in, out], contiguous): x @ W is one op, no transpose view.
+        wt = lambda *lins: torch.cat([lin.weight.detach() for lin in lins]).T.contiguous()  # noqa: E731
+        self.fc = wt(model.fc)  # [2H, H]
+        self.qkv = wt(model.q_proj, model.k_proj, model.v_proj)  # [H, (nh + 2 nkv) * D]
+        self.o = wt(model.o_proj)  # [nh * D, H]
+        self.gate_up = wt(model.gate_proj, model.up_proj)  # [H, 2I]
+        self.down = wt(model.down_proj)  # [I, H]
         self.norms = {name: getattr(model, name).weight.detach() for name in
                       ("embed_norm", "hidden_norm", "input_norm", "post_attn_norm", "final_norm")}
         # RoPE table over text indices [0, max_positions): cos and sin side by side, fp32.
@@ -73,8 +74,10 @@ class SparrowServingLayer:
             out = torch.empty_like(x)
             self._fused[0](out, x.contiguous(), weight, self.eps)
             return out
-        xf = x.float()
-        return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        if x.dtype == torch.float32:  # one aten op
+            return nn.functional.rms_norm(x, (x.shape[-1],), weight, self.eps)
+        xf = x.float()  # the training model's rounding: normalise in fp32, scale in x's dtype
+        return weight * nn.functional.rms_norm(xf, (x.shape[-1],), None, self.eps).to(x.dtype)
 
     def _silu_mul(self, gu: torch.Tensor) -> torch.Tensor:  # [N, 2I] -> [N, I]
         if self._fused is not None:
@@ -88,8 +91,10 @@ class SparrowServingLayer:
         """Neox RoPE. x [N, heads, D]; cs [N, 1, D] = (cos | sin) of each row's position."""
         half = x.shape[-1] // 2
         cos, sin = cs[..., :half], cs[..., half:]
-        x1, x2 = x[..., :half].float(), x[..., half:].float()
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+        xf = x if x.dtype == torch.float32 else x.float()
+        x1, x2 = xf[..., :half], xf[..., half:]
+        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
     # ---- one forward -------------------------------------------------------------------
     def __call__(
@@ -100,16 +105,16 @@ class SparrowServingLayer:
         attend: Attend,
     ) -> torch.Tensor:  # [N, H] predicted normalised state of the next token
         n, dt = target_hidden.shape[0], next_embeds.dtype
-        fused_in = torch.cat([self._norm(next_embeds, "embed_norm"), self._norm(target_hidden.to(dt), "hidden_norm")], -1)
-        x = fused_in @ self.fc.T  # [N, H]
-        a = self._norm(x, "input_norm")
-        qkv = a @ self.qkv.T  # [N, (nh + 2 nkv) * D]
-        nq, nk = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        cs = self.rope[positions][:, None, :]  # [N, 1, D]
-        q = self._rotate(qkv[:, :nq].view(n, self.heads, self.head_dim), cs)
-        k = self._rotate(qkv[:, nq : nq + nk].view(n, self.kv_heads, self.head_dim), cs)
-        v = qkv[:, nq + nk :].view(n, self.kv_heads, self.head_dim)
-        x = x + attend(q, k, v).reshape(n, -1) @ self.o.T
+        if target_hidden.dtype != dt:
+            target_hidden = target_hidden.to(dt)
+        fused_in = torch.cat([self._norm(next_embeds, "embed_norm"), self._norm(target_hidden, "hidden_norm")], -1)
+        x = fused_in @ self.fc  # [N, H]
+        qkv = self._norm(x, "input_norm") @ self.qkv  # [N, (nh + 2 nkv) * D]
+        heads, kv, d = self.heads, self.kv_heads, self.head_dim
+        qk = self._rotate(qkv[:, : (heads + kv) * d].view(n, heads + kv, d), self.rope[positions][:, None, :])
+        q, k = qk[:, :heads], qk[:, heads:]  # [N, heads, D], [N, kv, D]
+        v = qkv[:, (heads + kv) * d :].view(n, kv, d)
+        x = x + attend(q, k, v).reshape(n, -1) @ self.o
         m = self._norm(x, "post_attn_norm")
-        x = x + self._silu_mul(m @ self.gate_up.T) @ self.down.T
+        x = x + self._silu_mul(m @ self.gate_up) @ self.down
         return self._norm(x, "final_norm")

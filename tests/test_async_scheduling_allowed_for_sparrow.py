@@ -1,0 +1,20 @@
+"""vLLM accepts async scheduling for sparrow as for EAGLE (patch async-scheduling-method).
+
+Without the patch, asking for it fails the config check ("async scheduling is only supported
+with EAGLE/MTP/..."), and when left unset vLLM turns it off for sparrow. The CPU platform then
+turns it off for every method, so the lossless runs with async scheduling on are GPU-only.
+"""
+
+from vllm.engine.arg_utils import EngineArgs
+
+from vllm_sparrow.patches import APPLIED
+
+
+def test_async_scheduling_request_passes_vllms_config_check(target_dirs, trained_drafts):
+    target, draft = target_dirs("qwen2_5_vl"), trained_drafts("qwen2_5_vl")
+    args = EngineArgs(model=str(target), enforce_eager=True, dtype="float32", max_model_len=2048,
+                      async_scheduling=True, speculative_config={
+                          "method": "sparrow", "model": str(draft), "num_speculative_tokens": 3})
+    config = args.create_engine_config()  # raised ValueError before the patch
+    assert config.speculative_config.method == "sparrow"
+    assert "async-scheduling-method" in APPLIED

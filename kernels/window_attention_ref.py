@@ -43,24 +43,28 @@ def ring_stored_index(cache_len: torch.Tensor, anchors: int, ring: int) -> torch
     return torch.where(live, idx, -1)
 
 
-def _allowed(k_idx: torch.Tensor, q_idx: torch.Tensor, anchors: int, window: int) -> torch.Tensor:
-    ok = k_idx <= q_idx
+def key_visible(key_idx: torch.Tensor, q_idx: torch.Tensor, anchors: int, window: int) -> torch.Tensor:
+    """[B, Lq, S]: query at q_idx [B, Lq] may read the key at key_idx [B, S] (-1: no key there)."""
+    k, q = key_idx[:, None, :], q_idx[:, :, None]
+    ok = (k >= 0) & (k <= q)
     if window > 0:
-        ok = ok & ((k_idx < anchors) | (k_idx > q_idx - window))
+        ok = ok & ((k < anchors) | (k > q - window))
     return ok
 
 
+def ring_key_index(pos, valid, cache_len, anchors: int, ring: int) -> torch.Tensor:
+    """[B, A + R + L] text index of every key a forward reads: the slot's rows, then its own rows
+    (-1 where there is none: an empty row, a padding row)."""
+    return torch.cat([ring_stored_index(cache_len, anchors, ring), torch.where(valid, pos, -1)], 1)
+
+
 def ring_key_mask(pos, valid, cache_len, anchors: int, window: int, ring: int) -> torch.Tensor:
-    """[B, L, A + R + L]: which keys (the slot's rows, then the forward's rows) each row reads."""
-    p = pos[:, :, None]  # [B, L, 1]
-    cached = ring_stored_index(cache_len, anchors, ring)[:, None, :]  # [B, 1, A + R]
-    ok_cached = (cached >= 0) & _allowed(cached, p, anchors, window)
+    """[B, L, A + R + L]: which keys (the slot's rows, then the forward's rows) each row reads.
+    A padding row sees itself, so its (discarded) softmax is never empty."""
+    mask = key_visible(ring_key_index(pos, valid, cache_len, anchors, ring), pos, anchors, window)
     L = pos.shape[1]
-    if L == 1:  # a chained forward: the row sees itself (its own key), nothing else new
-        return torch.cat([ok_cached, torch.ones_like(ok_cached[..., :1])], -1)
-    ok_new = valid[:, None, :] & _allowed(pos[:, None, :], p, anchors, window)  # [B, L, L]
-    ok_new = ok_new | torch.eye(L, dtype=torch.bool, device=pos.device)  # padding rows see themselves
-    return torch.cat([ok_cached.expand(-1, L, -1), ok_new], -1)
+    mask[:, :, -L:] |= torch.eye(L, dtype=torch.bool, device=pos.device)
+    return mask
 
 
 def ring_write_ref(k_cache, v_cache, slots, pos, valid, k, v, anchors: int, ring: int) -> None:

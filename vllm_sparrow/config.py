@@ -43,8 +43,6 @@ class SparrowConfig:
     # window_tokens=None means every text token.
     anchor_tokens: int = 4
     window_tokens: int | None = 512
-    # Tokens per block of the draft's own paged text-only KV cache.
-    cache_block_size: int = 16
 
     # Training only: the target layer whose visual hidden states IVSB feeds the draft.
     ivsb_layer: int | None = None
@@ -70,8 +68,6 @@ class SparrowConfig:
             raise DraftConfigError("anchor_tokens must be >= 0")
         if self.window_tokens is not None and self.window_tokens < 1:
             raise DraftConfigError("window_tokens must be >= 1, or null for all text tokens")
-        if self.cache_block_size < 1:
-            raise DraftConfigError("cache_block_size must be >= 1")
 
     # ---- speculators-format config.json ------------------------------------------------
     def to_json_dict(self) -> dict[str, Any]:
@@ -108,7 +104,6 @@ class SparrowConfig:
             "target_hidden_size": self.hidden_size,
             "anchor_tokens": self.anchor_tokens,
             "window_tokens": self.window_tokens,
-            "cache_block_size": self.cache_block_size,
             "ivsb_layer": self.ivsb_layer,
             "has_own_embed_tokens": self.has_own_embed_tokens,
             "has_own_lm_head": self.has_own_lm_head,
@@ -138,7 +133,6 @@ class SparrowConfig:
                 rope_theta=layer.get("rope_theta", 10000.0),
                 anchor_tokens=d.get("anchor_tokens", 4),
                 window_tokens=d.get("window_tokens", 512),
-                cache_block_size=d.get("cache_block_size", 16),
                 ivsb_layer=d.get("ivsb_layer"),
                 has_own_embed_tokens=d.get("has_own_embed_tokens", False),
                 has_own_lm_head=d.get("has_own_lm_head", False),

@@ -136,9 +136,9 @@ class SparrowDrafter:
         if num_draft > self.max_draft_tokens:
             raise ValueError(f"{num_draft} draft tokens asked, the drafter was sized for "
                              f"{self.max_draft_tokens}")
-        slots = self.to_device([self._slot(r) for r in batch.req_ids])  # [B]
-        y_last, c_new, drafting = self._commit(batch, slots, num_draft)
-        return self._chain(y_last, slots, c_new, drafting, num_draft, sample)
+        slots, row_req, row_off, starts = self._host_indices(batch)
+        y_last, c_new, drafting, ctx = self._commit(batch, slots, row_req, row_off, starts, num_draft)
+        return self._chain(y_last, slots, c_new, drafting, ctx, num_draft, sample)
 
     def to_device(self, values) -> torch.Tensor:
         """Host integers -> device int64 (pinned, asynchronous on CUDA: no sync)."""
@@ -147,7 +147,18 @@ class SparrowDrafter:
             return host.pin_memory().to(self.device, non_blocking=True)
         return host.to(self.device)
 
-    def _commit(self, batch: StepBatch, slots: torch.Tensor, num_draft: int):
+    def _host_indices(self, batch: StepBatch):
+        """slots [B], row_req [T] (request of each row), row_off [T] (row within its request),
+        starts [B] (first row of each request): computed on the host, copied in one transfer."""
+        qs = batch.query_start
+        B, T = len(batch.req_ids), int(qs[-1])
+        row_req = np.repeat(np.arange(B), np.diff(qs))  # [T]
+        host = np.concatenate([[self._slot(r) for r in batch.req_ids], row_req,
+                               np.arange(T) - qs[:-1][row_req], qs[:-1]])
+        dev = self.to_device(host)
+        return dev[:B], dev[B : B + T], dev[B + T : B + 2 * T], dev[B + 2 * T :]
+
+    def _commit(self, batch: StepBatch, slots, row_req, row_off, starts, num_draft: int):
         """Run the first draft forward over this step's new entries; update the slots' state.
 
         Worked example (one request, no pending state, A = 0): the target processed rows
@@ -157,13 +168,8 @@ class SparrowDrafter:
         of rank 2 predicts the state of x8, from which the chain drafts. Had the prompt not
         ended here (mid-prefill), x8 would be unknown: h7 stays pending for the next chunk.
         """
-        qs = batch.query_start
-        B, T = len(batch.req_ids), int(qs[-1])
-        qlen = np.diff(qs)  # [B] host
-        row_req_h = np.repeat(np.arange(B), qlen)  # [T]
-        row_req = self.to_device(row_req_h)
-        row_off = self.to_device(np.arange(T) - qs[:-1][row_req_h])  # [T] row within its request
-        starts = self.to_device(qs[:-1])  # [B]
+        B = len(batch.req_ids)
+        qlen = np.diff(batch.query_start)  # [B] host
 
         fresh = self.seen[slots] != batch.seq_start  # new, preempted or prefix-cached: restart
         c0 = torch.where(fresh, 0, self.committed[slots])  # [B]
@@ -198,7 +204,14 @@ class SparrowDrafter:
         following = torch.cat([tok[:, 1:], tok[:, :1]], 1)  # token of the next item
         following = torch.where(u + 1 < n_items[:, None], following, batch.next_token[:, None])
         wb = WindowBatch(slots, c0[:, None] + u, u < count[:, None], c0)
-        y = self._forward(hid, following, wb).view(B, L, H)
+        ctx = []
+
+        def attention(q, k, v):
+            out, chain_ctx = self.backend.commit(self.cache, wb, q, k, v)
+            ctx.append(chain_ctx)
+            return out
+
+        y = self._forward(hid, following, wb, attention).view(B, L, H)
 
         # State after this step (slots are distinct within a batch).
         keep_pending = ~nt & (n_items > 0)
@@ -209,22 +222,22 @@ class SparrowDrafter:
         self.committed[slots] = c_new
         self.seen[slots] = batch.seq_start + batch.num_valid
         y_last = y[torch.arange(B, device=self.device), (count - 1).clamp(min=0)]  # [B, H]
-        return y_last, c_new, nt & (count > 0)
+        return y_last, c_new, nt & (count > 0), ctx[0]
 
-    def _forward(self, hidden, tokens, wb: WindowBatch) -> torch.Tensor:
-        """One draft forward over a [B, L] layout; returns [B * L, hidden]."""
+    def _forward(self, hidden, tokens, wb: WindowBatch, attention) -> torch.Tensor:
+        """One draft forward over a [B, L] layout; returns [B * L, hidden].
+        attention(q [B, L, heads, D], k, v [B, L, kv_heads, D]) -> [B, L, heads, D]."""
         B, L = wb.pos.shape
         heads, kv, d = self.layer.heads, self.layer.kv_heads, self.layer.head_dim
 
         def attend(q, k, v):  # [B * L, heads | kv_heads, D]
-            out = self.backend.write_and_attend(self.cache, wb, q.view(B, L, heads, d),
-                                                k.view(B, L, kv, d), v.view(B, L, kv, d))
+            out = attention(q.view(B, L, heads, d), k.view(B, L, kv, d), v.view(B, L, kv, d))
             return out.reshape(B * L, heads, d)
 
         embeds = self.io.embed(tokens.reshape(-1))
         return self.layer(hidden.reshape(B * L, -1), embeds, wb.pos.reshape(-1), attend)
 
-    def _chain(self, y, slots, c_new, drafting, num_draft, sample):
+    def _chain(self, y, slots, c_new, drafting, ctx, num_draft, sample):
         """K autoregressive draft tokens per request from its last committed entry; the chain's
         own entries go to text indices c_new, c_new + 1, ... (scratch, overwritten next step)."""
         ids, probs = [], []
@@ -237,7 +250,8 @@ class SparrowDrafter:
                 break
             pos = c_new + step  # [B]
             wb = WindowBatch(slots, pos[:, None], drafting[:, None], pos)
-            y = self._forward(y, tok[:, None], wb)
+            y = self._forward(y, tok[:, None], wb,
+                              lambda q, k, v, wb=wb: self.backend.chain(self.cache, ctx, wb, q, k, v))
         out = torch.stack(ids, 1) if ids else torch.zeros(len(slots), 0, dtype=torch.long, device=self.device)
         out = torch.where(drafting[:, None], out, 0)  # [B, K]
         return out, (torch.stack(probs, 1) if probs else None)

@@ -59,11 +59,14 @@ class SparrowServingLayer:
         self.down = wt(model.down_proj)  # [I, H]
         self.norms = {name: getattr(model, name).weight.detach() for name in
                       ("embed_norm", "hidden_norm", "input_norm", "post_attn_norm", "final_norm")}
-        # RoPE table over text indices [0, max_positions): cos and sin side by side, fp32.
+        # RoPE tables over text indices [0, max_positions), fp32, in rotate-half form:
+        # rot(x) = x * cos2 + roll(x, D/2) * sin2 with cos2 = (cos | cos), sin2 = (-sin | sin).
         half = cfg.head_dim // 2
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, half, dtype=torch.float32) / half))
         angles = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
-        self.rope = torch.cat([angles.cos(), angles.sin()], -1).to(self.qkv.device)  # [P, D]
+        cos, sin = angles.cos(), angles.sin()
+        self.rope_cos = torch.cat([cos, cos], -1).to(self.qkv.device)  # [P, D]
+        self.rope_sin = torch.cat([-sin, sin], -1).to(self.qkv.device)  # [P, D]
         self.max_positions = max_positions
         self._fused = _vllm_fused_ops(self.qkv.device)
 
@@ -87,13 +90,11 @@ class SparrowServingLayer:
         gate, up = gu.chunk(2, dim=-1)
         return nn.functional.silu(gate) * up
 
-    def _rotate(self, x: torch.Tensor, cs: torch.Tensor) -> torch.Tensor:
-        """Neox RoPE. x [N, heads, D]; cs [N, 1, D] = (cos | sin) of each row's position."""
-        half = x.shape[-1] // 2
-        cos, sin = cs[..., :half], cs[..., half:]
+    def _rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Neox RoPE. x [N, heads, D]; positions [N] text indices."""
+        cos, sin = self.rope_cos[positions][:, None], self.rope_sin[positions][:, None]  # [N, 1, D]
         xf = x if x.dtype == torch.float32 else x.float()
-        x1, x2 = xf[..., :half], xf[..., half:]
-        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+        out = xf * cos + xf.roll(x.shape[-1] // 2, -1) * sin
         return out if out.dtype == x.dtype else out.to(x.dtype)
 
     # ---- one forward -------------------------------------------------------------------
@@ -111,7 +112,7 @@ class SparrowServingLayer:
         x = fused_in @ self.fc  # [N, H]
         qkv = self._norm(x, "input_norm") @ self.qkv  # [N, (nh + 2 nkv) * D]
         heads, kv, d = self.heads, self.kv_heads, self.head_dim
-        qk = self._rotate(qkv[:, : (heads + kv) * d].view(n, heads + kv, d), self.rope[positions][:, None, :])
+        qk = self._rotate(qkv[:, : (heads + kv) * d].view(n, heads + kv, d), positions)
         q, k = qk[:, :heads], qk[:, heads:]  # [N, heads, D], [N, kv, D]
         v = qkv[:, (heads + kv) * d :].view(n, kv, d)
         x = x + attend(q, k, v).reshape(n, -1) @ self.o

@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from vllm_sparrow_kernels.window_attention_ref import ring_key_mask, ring_row, ring_stored_index, ring_write_ref
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,11 @@ class WindowBatch:
 
 
 class TextWindowCache:
-    """K/V rings of every request slot, allocated once: [slots + 1, kv_heads, A + R, D]."""
+    """K/V rings of every request slot, allocated once: [slots + 1, kv_heads, A + R, D].
+
+    Addressing, reads and writes live with the kernels (kernels/window_attention_ref.py holds
+    the slot rule once, in torch; kernels/window_attention.py the same in Triton); this class
+    owns the storage and its size."""
 
     def __init__(self, spec: WindowSpec, num_slots: int, lookahead: int, max_text_tokens: int,
                  num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
@@ -64,7 +67,7 @@ class TextWindowCache:
         self.ring = self.ring_rows(spec, lookahead, max_text_tokens)  # R
         self.capacity = self.anchors + self.ring  # rows per slot
         self.num_slots = num_slots
-        self.sink = num_slots  # the extra slot: padding rows write here, nothing reads it
+        # + 1: the sink slot, where padding rows write and nothing reads
         shape = (num_slots + 1, num_kv_heads, self.capacity, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
@@ -89,20 +92,3 @@ class TextWindowCache:
     @property
     def bytes_per_slot(self) -> int:
         return self.k[0].numel() * self.k.element_size() * 2
-
-    # ---- the slot rule: kernels/window_attention_ref.py holds it, once ------------------
-    def row_of(self, idx: torch.Tensor) -> torch.Tensor:
-        """Row of text index idx (any shape)."""
-        return ring_row(idx, self.anchors, self.ring)
-
-    def stored_index(self, cache_len: torch.Tensor) -> torch.Tensor:
-        """[B, A + R] text index held by each row of slots with cache_len entries (-1: none)."""
-        return ring_stored_index(cache_len, self.anchors, self.ring)
-
-    def key_mask(self, wb: WindowBatch) -> torch.Tensor:
-        """[B, L, A + R + L] which keys (the slot's rows, then this forward's) each row reads."""
-        return ring_key_mask(wb.pos, wb.valid, wb.cache_len, self.anchors, self.spec.window or 0, self.ring)
-
-    def write(self, wb: WindowBatch, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store the valid rows' k/v ([B, L, kv_heads, D]); padding goes to the sink slot."""
-        ring_write_ref(self.k, self.v, wb.slots, wb.pos, wb.valid, k, v, self.anchors, self.ring)

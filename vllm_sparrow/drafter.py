@@ -239,7 +239,8 @@ class SparrowDrafter:
 
     def _chain(self, y, slots, c_new, drafting, ctx, num_draft, sample):
         """K autoregressive draft tokens per request from its last committed entry; the chain's
-        own entries go to text indices c_new, c_new + 1, ... (scratch, overwritten next step)."""
+        own entries take text indices c_new, c_new + 1, ...: scratch that no later step reads
+        (the next step commits over those indices)."""
         ids, probs = [], []
         for step in range(num_draft):
             tok, p = sample(self.io.logits(y))  # [B]

@@ -28,15 +28,16 @@ def ring_row(idx: torch.Tensor, anchors: int, ring: int) -> torch.Tensor:
     return torch.where(idx < anchors, idx, anchors + torch.remainder(idx - anchors, ring))
 
 
-def ring_stored_index(cache_len: torch.Tensor, anchors: int, ring: int) -> torch.Tensor:
-    """[B, A + R] text index each row holds when the slot has entries 0..cache_len-1 (-1: none).
+def ring_stored_index(cache_len: torch.Tensor, anchors: int, ring: int, rows: int | None = None) -> torch.Tensor:
+    """[B, A + R] text index each row holds when the slot has entries 0..cache_len-1 (-1: none);
+    [B, rows] for the first `rows` rows only.
 
     Ring row j holds the newest i <= last = cache_len - 1 with row(i) = j, which is
     i = last - ((last - j) mod R). Worked example, A = 2, R = 4, cache_len = 9 (last = 8):
     indices 2..8 went to rows 2 3 4 5 2 3 4, so rows 0..5 hold 0 1 6 7 8 5
     (row 2: 8 - (6 mod 4) = 6; row 5: 8 - (3 mod 4) = 5).
     """
-    j = torch.arange(anchors + ring, device=cache_len.device)[None, :]  # [1, A + R]
+    j = torch.arange(anchors + ring if rows is None else rows, device=cache_len.device)[None, :]  # [1, A + R]
     last = (cache_len - 1)[:, None]  # [B, 1]
     idx = torch.where(j < anchors, j, last - torch.remainder(last - j, ring))
     live = (idx <= last) & ((j < anchors) | (idx >= anchors))

@@ -103,6 +103,20 @@ class _Request:
             self.next = self.rnd.randrange(10, V)
 
 
+def _count_paths(drafter):
+    """Count the steps that took the fixed-shape decode path and the general one."""
+    counts = {"decode": 0, "general": 0}
+    for name, attr in (("decode", "_commit_decode"), ("general", "_commit")):
+        inner = getattr(drafter, attr)
+
+        def counted(*a, _inner=inner, _name=name, **kw):
+            counts[_name] += 1
+            return _inner(*a, **kw)
+
+        setattr(drafter, attr, counted)
+    return counts
+
+
 def _run_steps(drafter, model, io, spec, reqs, steps, rnd, chunk_choices):
     active = list(reqs)
     for _ in range(steps):
@@ -149,8 +163,10 @@ def test_incremental_drafts_equal_dense_recomputation(anchors, window):
     spec = WindowSpec(anchors, window)
     drafter = SparrowDrafter(model, io, (VIS,), TorchWindowAttention(), torch.device("cpu"), torch.float32,
                              max_requests=2, max_draft_tokens=K, max_text_tokens=256)
+    paths = _count_paths(drafter)
     req = _Request("r", _prompt(rnd, 9), rnd)
     _run_steps(drafter, model, io, spec, [req], 18, rnd, [4, 5, 8])
+    assert paths["decode"] >= 5 and paths["general"] >= 2, paths
     text_len = len(req.stream)
     assert drafter.stats()["text_entries"]["r"] == text_len  # each state paired with its next token
     # preemption: the request restarts from sequence index 0 and rebuilds its stream
@@ -169,6 +185,7 @@ def test_batches_mixing_prefill_decode_and_restarts_equal_dense_recomputation(an
     spec = WindowSpec(anchors, window)
     drafter = SparrowDrafter(model, io, (VIS,), TorchWindowAttention(), torch.device("cpu"), torch.float32,
                              max_requests=6, max_draft_tokens=K, max_text_tokens=512)
+    paths = _count_paths(drafter)
     nbytes = drafter.cache.nbytes
     reqs = [_Request(f"r{i}", _prompt(rnd, rnd.randrange(0, 30)), rnd) for i in range(6)]
     _run_steps(drafter, model, io, spec, reqs, 30, rnd, [1, 3, 4, 16])
@@ -178,6 +195,7 @@ def test_batches_mixing_prefill_decode_and_restarts_equal_dense_recomputation(an
     _run_steps(drafter, model, io, spec, [r for r in reqs if r.rid not in ("r0", "r3")] + newcomers, 20, rnd,
                [2, 4, 40])
     assert drafter.cache.nbytes == nbytes  # allocated once, never grown
+    assert paths["decode"] >= 5 and paths["general"] >= 5, paths  # both commit paths were checked
     with pytest.raises(RuntimeError, match="max_num_seqs"):
         drafter._slot("one-too-many")
 

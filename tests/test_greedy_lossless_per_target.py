@@ -7,7 +7,13 @@ import pytest
 from conftest import TRAINED_TEXTS, close_llm, make_llm
 from vllm import SamplingParams
 
-from vllm_sparrow.testing.engine import drafter_stats, spec_counters, text_entries_by_request
+from vllm_sparrow.testing.engine import (
+    drafter_inputs,
+    drafter_stats,
+    record_drafter_inputs,
+    spec_counters,
+    text_entries_by_request,
+)
 from vllm_sparrow.testing.tiny_targets import make_prompt
 
 K = 3
@@ -47,6 +53,7 @@ def case(request, target_dirs, trained_drafts, clips):
     close_llm(base)
     llm = make_llm(target, disable_log_stats=False,
                    speculative_config={"method": "sparrow", "model": str(draft), "num_speculative_tokens": K})
+    record_drafter_inputs(llm)
     outputs = llm.generate(reqs, GREEDY)
     yield kind, reference, outputs, llm
     close_llm(llm)
@@ -94,6 +101,21 @@ def test_draft_cache_does_not_grow_with_video_length(case, target_dirs):
     # caches it; visual placeholders never enter.
     assert kind == "qwen3_vl" or extra_text == 0, f"{kind}: {extra_text} unexpected extra text tokens"
     assert long_n - short_n == extra_text and short_n > MAX_TOKENS
+
+
+def test_host_bound_on_text_entries_is_tight_and_never_too_low(case):
+    """The proposer bounds each request's text entries from the runner's host arrays (sequence
+    length less prompt placeholders) so the CPU path reads only the ring rows in use: a bound
+    below the truth would hide keys from the draft; a loose one wastes reads."""
+    kind, _, outputs, llm = case
+    last_bound = {}
+    for step in drafter_inputs(llm):
+        for r, bound in zip(step["req_ids"], step["text_bound"]):
+            last_bound[r.rsplit("-", 1)[0]] = bound
+    entries = text_entries_by_request(llm)
+    for out in outputs:
+        slack = last_bound[out.request_id] - entries[out.request_id]
+        assert 0 <= slack <= K, (kind, out.request_id, slack)  # at most the last step's rejected drafts
 
 
 def test_finished_requests_give_back_their_draft_cache_slots(case):

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from vllm_sparrow_kernels.window_attention_ref import key_visible, ring_stored_index, ring_window_attention_ref
+from vllm_sparrow_kernels.window_attention_ref import key_visible, ring_stored_index, ring_write_ref
 
 from .window import TextWindowCache, WindowBatch
 
@@ -45,42 +45,62 @@ class WindowAttentionBackend(Protocol):
 
 
 @dataclass
-class _ChainKeys:
-    """The keys a step's forwards read, gathered once per step (torch path)."""
+class _StepKeys:
+    """Every key a step's forwards read (torch path), gathered once per step.
 
-    keys: torch.Tensor  # [B, kv_heads, S, D]
-    values: torch.Tensor  # [B, kv_heads, S, D]
-    index: torch.Tensor  # [B, S] text index of each key (-1: none)
+    Columns: the slots' S <= A + R rows (those that can hold entries) as they were before the step, the commit's L rows, then
+    C = K - 1 columns the chained forwards fill in turn. A ring row the commit overwrote keeps
+    its old entry here, which no chained query can see: it is R = W + K indices older than the
+    entry that replaced it, so outside every later window.
+    """
+
+    keys: torch.Tensor  # [B, kv_heads, S + L + C, D]
+    values: torch.Tensor  # [B, kv_heads, S + L + C, D]
+    mask: torch.Tensor  # [B, 1, C, S + L + C] keys visible to chained query c (text index committed + c)
+    col0: int  # column of chained entry 0 (S + L)
+    step: int = 0  # chained forwards done
 
 
 class TorchWindowAttention:
-    """Two gathers of the batch's slots per step and one masked SDPA (GQA) per forward.
+    """One gather of the batch's slots per step and one masked SDPA (GQA) per forward.
 
-    commit() is the kernels' torch reference itself. The chained forwards read the slots as
-    commit() left them plus the chain's own entries, so they append their keys to one gather of
-    the slots instead of writing scratch rows into the cache and gathering again per forward
-    (the Triton path writes them; no later step reads them)."""
+    commit() computes what the kernels' torch reference computes (one gather, one SDPA, the
+    same ring write) and keeps the gathered keys, with room for the chained entries, so a chained
+    forward writes its key into that buffer and attends with a mask built once per step: no
+    cache write, gather or mask rebuild per chained forward (the Triton path writes its chained
+    entries into the cache's scratch rows instead; no later step reads them)."""
 
     name = "torch"
 
     def commit(self, cache, wb, q, k, v):
-        window = cache.spec.window or 0
-        out = ring_window_attention_ref(
-            q, k, v, cache.k, cache.v, wb.slots, wb.pos, wb.valid, wb.cache_len,
-            anchors=cache.anchors, window=window, ring=cache.ring, scale=q.shape[-1] ** -0.5)
-        # The slots as the chain reads them: every entry committed so far, this step's included.
-        kc, vc = cache.k.index_select(0, wb.slots), cache.v.index_select(0, wb.slots)  # [B, kv, A + R, D]
-        committed = wb.cache_len + wb.valid.sum(1)  # [B]
-        return out, _ChainKeys(kc, vc, ring_stored_index(committed, cache.anchors, cache.ring))
+        B, L = wb.pos.shape
+        A, W, C = cache.anchors, cache.spec.window or 0, cache.lookahead - 1
+        dt = q.dtype
+        rows = cache.capacity if wb.rows is None else min(wb.rows, cache.capacity)  # S: rows that can hold entries
+        kc, vc = cache.k[:, :, :rows].index_select(0, wb.slots), cache.v[:, :, :rows].index_select(0, wb.slots)  # [B, kv, S, D], before writing
+        pad = kc.new_zeros(B, kc.shape[1], C, kc.shape[3])  # the chained entries' columns
+        keys = torch.cat([kc, k.transpose(1, 2).to(kc.dtype), pad], 2)  # [B, kv, S + L + C, D]
+        values = torch.cat([vc, v.transpose(1, 2).to(vc.dtype), pad], 2)
+        if keys.dtype != dt:  # the cache's dtype; computed in the model's
+            keys, values = keys.to(dt), values.to(dt)
+        chain_pos = (wb.cache_len + wb.valid.sum(1))[:, None] + torch.arange(C, device=wb.pos.device)  # [B, C]
+        key_idx = torch.cat([ring_stored_index(wb.cache_len, A, cache.ring, rows), torch.where(wb.valid, wb.pos, -1),
+                             chain_pos], 1)  # [B, S + L + C]
+        mask = key_visible(key_idx, torch.cat([wb.pos, chain_pos], 1), A, W)[:, None]  # [B, 1, L + C, S + L + C]
+        # Padding rows read every key (all finite), so their discarded softmax is never empty.
+        commit_mask = mask[:, :, :L] | ~wb.valid[:, None, :, None]
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=commit_mask,
+                                             scale=q.shape[-1] ** -0.5, enable_gqa=q.shape[2] != k.shape[2])
+        ring_write_ref(cache.k, cache.v, wb.slots, wb.pos, wb.valid, k, v, A, cache.ring)
+        return out.transpose(1, 2), _StepKeys(keys, values, mask[:, :, L:], kc.shape[2] + L)
 
     def chain(self, cache, ctx, wb, q, k, v):
-        if ctx.keys.dtype != q.dtype:  # the cache's dtype; computed in the model's
-            ctx.keys, ctx.values = ctx.keys.to(q.dtype), ctx.values.to(q.dtype)
-        ctx.keys = torch.cat([ctx.keys, k.transpose(1, 2)], 2)  # [B, kv, S + 1, D]
-        ctx.values = torch.cat([ctx.values, v.transpose(1, 2)], 2)
-        ctx.index = torch.cat([ctx.index, wb.pos], 1)  # [B, S + 1]
-        mask = key_visible(ctx.index, wb.pos, cache.anchors, cache.spec.window or 0)[:, None]  # [B, 1, 1, S + 1]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), ctx.keys, ctx.values, attn_mask=mask,
+        col, s = ctx.col0 + ctx.step, ctx.step
+        ctx.keys[:, :, col] = k[:, 0]  # [B, kv, D]
+        ctx.values[:, :, col] = v[:, 0]
+        ctx.step += 1
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), ctx.keys, ctx.values,
+                                             attn_mask=ctx.mask[:, :, s : s + 1], scale=q.shape[-1] ** -0.5,
                                              enable_gqa=q.shape[2] != k.shape[2])  # [B, heads, 1, D]
         return out.transpose(1, 2)
 

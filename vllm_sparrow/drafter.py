@@ -35,6 +35,9 @@ from .window import TextWindowCache, WindowBatch, WindowSpec
 Sampler = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
 
 
+COMMITTED, SEEN, HAS_PENDING = 0, 1, 2  # columns of SparrowDrafter.state
+
+
 def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, None]:
     return logits.argmax(dim=-1), None
 
@@ -52,6 +55,12 @@ class StepBatch:
     num_prompt_tokens: torch.Tensor  # [B] only prompt positions can be visual placeholders
     next_token: torch.Tensor  # [B] the token after the last valid row
     mid_prefill: torch.Tensor  # [B] bool: prompt not fully processed yet: commit, no drafts
+    # Host promise that no row is a prompt position (so none is visual, none mid-prefill, no
+    # request restarts): every request is decoding. Such steps take the fixed-shape decode path.
+    decode_only: bool = False
+    # Host: an upper bound on each request's text entries after this step (its sequence length
+    # will do; less its visual placeholders is tight). Lets the torch path skip unused ring rows.
+    text_bound: np.ndarray | None = None  # [B]
 
     @classmethod
     def from_lists(cls, req_ids: list[str], token_ids: torch.Tensor, hidden: torch.Tensor,
@@ -62,10 +71,12 @@ class StepBatch:
         row_start[b] and run to the next request's start (the last one to the end)."""
         dev = token_ids.device
         t = lambda xs, dt: torch.tensor(list(xs), dtype=dt, device=dev)  # noqa: E731
-        return cls(list(req_ids), token_ids.long(), hidden,
-                   np.asarray(list(row_start) + [token_ids.shape[0]], dtype=np.int64),
+        decode_only = all(s >= p for s, p in zip(seq_start, num_prompt_tokens)) and not any(mid_prefill)
+        query_start = np.asarray(list(row_start) + [token_ids.shape[0]], dtype=np.int64)
+        return cls(list(req_ids), token_ids.long(), hidden, query_start,
                    t(num_valid, torch.long), t(seq_start, torch.long), t(num_prompt_tokens, torch.long),
-                   next_token.long(), t(mid_prefill, torch.bool))
+                   next_token.long(), t(mid_prefill, torch.bool), decode_only,
+                   np.asarray(seq_start, dtype=np.int64) + np.diff(query_start))
 
 
 class SparrowDrafter:
@@ -89,12 +100,15 @@ class SparrowDrafter:
         self.cache = TextWindowCache(self.spec, max_requests, max_draft_tokens, max_text_tokens,
                                      cfg.num_key_value_heads, cfg.head_dim, dtype, device)
         self.visual_ids = torch.tensor(sorted(visual_token_ids), dtype=torch.long, device=device)
-        # Per-slot request state, on the device (slot max_requests is the cache's sink).
+        # Per-slot request state, on the device (slot max_requests is the cache's sink), packed
+        # so a step reads and writes it with one op each: columns COMMITTED (text entries in the
+        # cache), SEEN (sequence index consumed), HAS_PENDING (1: `pending` holds a text state
+        # whose following token is not known yet: the prompt continues in the next chunk).
         n = max_requests + 1
-        self.committed = torch.zeros(n, dtype=torch.long, device=device)  # text entries in the cache
-        self.seen = torch.full((n,), -1, dtype=torch.long, device=device)  # sequence index consumed
-        self.has_pending = torch.zeros(n, dtype=torch.bool, device=device)
+        self.state = torch.zeros(n, 3, dtype=torch.long, device=device)  # [slots + 1, 3]
+        self.state[:, SEEN] = -1
         self.pending = torch.zeros(n, cfg.hidden_size, dtype=dtype, device=device)  # last text state
+        self._iota = torch.arange(max(n, max_draft_tokens + 1), device=device)  # cached aranges
         # Host: request id -> slot.
         self.slot_of: dict[str, int] = {}
         self._free = list(range(max_requests - 1, -1, -1))
@@ -110,7 +124,7 @@ class SparrowDrafter:
                     f"draft cache: more than {self.cache.num_slots} requests at once; the drafter "
                     "is sized by the engine's max_num_seqs")
             slot = self.slot_of[req_id] = self._free.pop()
-            self.seen[slot] = -1  # a fresh stream (the slot may hold an older request's)
+            self.state[slot, SEEN] = -1  # a fresh stream (the slot may hold an older request's)
         return slot
 
     def release(self, req_ids) -> None:
@@ -119,7 +133,7 @@ class SparrowDrafter:
             slot = self.slot_of.pop(r, None)
             if slot is None:
                 continue
-            self._released[r] = self.committed[slot].clone()
+            self._released[r] = self.state[slot, COMMITTED].clone()
             while len(self._released) > 4096:
                 self._released.popitem(last=False)
             self._free.append(slot)
@@ -136,8 +150,15 @@ class SparrowDrafter:
         if num_draft > self.max_draft_tokens:
             raise ValueError(f"{num_draft} draft tokens asked, the drafter was sized for "
                              f"{self.max_draft_tokens}")
-        slots, row_req, row_off, starts = self._host_indices(batch)
-        y_last, c_new, drafting, ctx = self._commit(batch, slots, row_req, row_off, starts, num_draft)
+        slot_list = [self._slot(r) for r in batch.req_ids]
+        # Ring rows that can hold an entry: while no slot of the batch has wrapped, a prefix.
+        rows = None if batch.text_bound is None else int(batch.text_bound.max(initial=0))
+        if batch.decode_only and int(np.diff(batch.query_start).max(initial=0)) <= num_draft + 1:
+            slots, dest = self._decode_indices(batch, slot_list, num_draft + 1)
+            y_last, c_new, drafting, ctx = self._commit_decode(batch, slots, dest, num_draft + 1, rows)
+        else:
+            slots, row_req, row_off, starts = self._host_indices(batch, slot_list)
+            y_last, c_new, drafting, ctx = self._commit(batch, slots, row_req, row_off, starts, num_draft, rows)
         return self._chain(y_last, slots, c_new, drafting, ctx, num_draft, sample)
 
     def to_device(self, values) -> torch.Tensor:
@@ -147,18 +168,71 @@ class SparrowDrafter:
             return host.pin_memory().to(self.device, non_blocking=True)
         return host.to(self.device)
 
-    def _host_indices(self, batch: StepBatch):
+    def _host_indices(self, batch: StepBatch, slot_list: list[int]):
         """slots [B], row_req [T] (request of each row), row_off [T] (row within its request),
         starts [B] (first row of each request): computed on the host, copied in one transfer."""
         qs = batch.query_start
         B, T = len(batch.req_ids), int(qs[-1])
         row_req = np.repeat(np.arange(B), np.diff(qs))  # [T]
-        host = np.concatenate([[self._slot(r) for r in batch.req_ids], row_req,
+        host = np.concatenate([slot_list, row_req,
                                np.arange(T) - qs[:-1][row_req], qs[:-1]])
         dev = self.to_device(host)
         return dev[:B], dev[B : B + T], dev[B + T : B + 2 * T], dev[B + 2 * T :]
 
-    def _commit(self, batch: StepBatch, slots, row_req, row_off, starts, num_draft: int):
+    def _decode_indices(self, batch: StepBatch, slot_list: list[int], L: int):
+        """slots [B] and dest [T] (row of the [B, L] layout each of the step's rows goes to),
+        computed on the host, copied in one transfer."""
+        qs = batch.query_start
+        B = len(batch.req_ids)
+        row_req = np.repeat(np.arange(B), np.diff(qs))  # [T]
+        dev = self.to_device(np.concatenate([slot_list,
+                                             row_req * L + np.arange(int(qs[-1])) - qs[:-1][row_req]]))
+        return dev[:B], dev[B:]
+
+    def _commit_decode(self, batch: StepBatch, slots, dest, L: int, rows: int | None = None):
+        """_commit() for a step where every request decodes: its rows are [last token, drafts...],
+        all text, the first num_valid of them accepted. Scatters the rows into the [B, L] layout
+        (padding rows zero: they must stay finite), then commits."""
+        B, H = len(batch.req_ids), batch.hidden.shape[-1]
+        hid = self.pending.new_zeros(B * L, H)
+        hid[dest] = batch.hidden.to(hid.dtype)
+        tok = batch.token_ids.new_zeros(B * L)
+        tok[dest] = batch.token_ids
+        return self._commit_rows(slots, hid, tok.view(B, L), batch.num_valid, batch.seq_start, batch.next_token,
+                                 rows)
+
+    def _commit_rows(self, slots, hid, tok, nv, seq_start, next_token, rows: int | None = None):
+        """The decode commit on a laid-out batch: fixed shapes for a given (B, L), no host read
+        (what a CUDA graph captures, draft_graphs.py).
+
+        slots [B]; hid [B * L, H]; tok [B, L]; nv [B] accepted rows (>= 1: the last sampled
+        token's row); seq_start [B]; next_token [B].
+        Worked example, L = 4: request b's rows x9 d1 d2 d3 with d1 accepted (nv = 2), next
+        token x11 (the target's correction after d1 = x10), 9 entries committed before: entries
+        (h9, x10) (h10, x11) get text indices 9 10; rows u >= 2 are padding.
+        """
+        B, L = tok.shape
+        st = self.state[slots]  # [B, 3]
+        fresh = st[:, SEEN] != seq_start  # a request the drafter lost track of: restart
+        c0 = torch.where(fresh, 0, st[:, COMMITTED])  # [B]
+        u = self._iota[:L]  # [L]
+        nv_ = nv[:, None]  # [B, 1]
+        following = torch.where(u + 1 < nv_, tok.roll(-1, 1), next_token[:, None])  # [B, L]
+        wb = WindowBatch(slots, c0[:, None] + u, u < nv_, c0, rows)
+        ctx = []
+
+        def attention(q, k, v):
+            out, chain_ctx = self.backend.commit(self.cache, wb, q, k, v)
+            ctx.append(chain_ctx)
+            return out
+
+        y = self._forward(hid, following, wb, attention).view(B, L, -1)
+        c_new = c0 + nv
+        self.state[slots] = torch.stack([c_new, seq_start + nv, nv * 0], 1)  # nothing pending
+        y_last = y[self._iota[:B], nv - 1]  # [B, H]
+        return y_last, c_new, nv > 0, ctx[0]
+
+    def _commit(self, batch: StepBatch, slots, row_req, row_off, starts, num_draft: int, rows: int | None):
         """Run the first draft forward over this step's new entries; update the slots' state.
 
         Worked example (one request, no pending state, A = 0): the target processed rows
@@ -171,9 +245,10 @@ class SparrowDrafter:
         B = len(batch.req_ids)
         qlen = np.diff(batch.query_start)  # [B] host
 
-        fresh = self.seen[slots] != batch.seq_start  # new, preempted or prefix-cached: restart
-        c0 = torch.where(fresh, 0, self.committed[slots])  # [B]
-        hp = self.has_pending[slots] & ~fresh  # [B]
+        st = self.state[slots]  # [B, 3]
+        fresh = st[:, SEEN] != batch.seq_start  # new, preempted or prefix-cached: restart
+        c0 = torch.where(fresh, 0, st[:, COMMITTED])  # [B]
+        hp = (st[:, HAS_PENDING] > 0) & ~fresh  # [B]
 
         toks = batch.token_ids  # [T]
         seq = batch.seq_start[row_req] + row_off
@@ -203,7 +278,7 @@ class SparrowDrafter:
         u = torch.arange(L, device=self.device)[None, :]  # [1, L]
         following = torch.cat([tok[:, 1:], tok[:, :1]], 1)  # token of the next item
         following = torch.where(u + 1 < n_items[:, None], following, batch.next_token[:, None])
-        wb = WindowBatch(slots, c0[:, None] + u, u < count[:, None], c0)
+        wb = WindowBatch(slots, c0[:, None] + u, u < count[:, None], c0, rows)
         ctx = []
 
         def attention(q, k, v):
@@ -217,10 +292,8 @@ class SparrowDrafter:
         keep_pending = ~nt & (n_items > 0)
         last_item = hid.view(B, L, H)[torch.arange(B, device=self.device), (n_items - 1).clamp(min=0)]
         self.pending[slots] = torch.where(keep_pending[:, None], last_item, self.pending[slots])
-        self.has_pending[slots] = keep_pending
         c_new = c0 + count
-        self.committed[slots] = c_new
-        self.seen[slots] = batch.seq_start + batch.num_valid
+        self.state[slots] = torch.stack([c_new, batch.seq_start + batch.num_valid, keep_pending.long()], 1)
         y_last = y[torch.arange(B, device=self.device), (count - 1).clamp(min=0)]  # [B, H]
         return y_last, c_new, nt & (count > 0), ctx[0]
 
@@ -261,7 +334,7 @@ class SparrowDrafter:
     def stats(self) -> dict:
         """Occupancy and per-request text entries (reads device values: tests and benchmarks)."""
         entries = {r: int(c) for r, c in self._released.items()}
-        entries.update({r: int(self.committed[s]) for r, s in self.slot_of.items()})
+        entries.update({r: int(self.state[s, COMMITTED]) for r, s in self.slot_of.items()})
         return {
             "live_requests": sorted(self.slot_of),
             "slots_in_use": len(self.slot_of),

@@ -67,6 +67,8 @@ class SparrowProposer(EagleProposer):
         check_cache_budget(need, self.device, max_seqs, cfg.window_tokens)
         # Kept off `self.model`: the runner wraps a drafter's `.model` in CUDA-graph wrappers.
         self.sparrow_model = model
+        self._visual_ids = np.asarray(target.visual_token_ids, dtype=np.int64)
+        self._visual_count: dict[str, int] = {}  # request id -> visual placeholders in its prompt
         self.drafter = SparrowDrafter(
             model, OwnTokenIO(model, _TargetTokenIO(target_model)), target.visual_token_ids,
             backend, self.device, self.dtype, max_requests=max_seqs, max_draft_tokens=k,
@@ -97,6 +99,8 @@ class SparrowProposer(EagleProposer):
     def release_requests(self, req_ids) -> None:
         if self.drafter is not None:
             self.drafter.release(req_ids)
+        for r in req_ids:
+            self._visual_count.pop(r, None)
 
     # ---- one step ------------------------------------------------------------------
     def propose(
@@ -133,17 +137,35 @@ class SparrowProposer(EagleProposer):
         num_valid = query_lens - num_rejected[:n] if num_rejected is not None else query_lens
         batch = self.runner.input_batch
         prompt_lens = torch.from_numpy(batch.num_prompt_tokens[:n].astype(np.int64))
+        # Tokens computed before this step (exact while any prompt remains: only draft tokens make
+        # the runner's count optimistic), so >= prompt length means no row of the step is a prompt
+        # position: every request decodes, and the drafter takes its fixed-shape path.
+        computed, prompt = batch.num_computed_tokens_cpu[:n], batch.num_prompt_tokens[:n]
+        decoding = bool((computed >= prompt).all())
+        query_start = cm.query_start_loc_cpu[: n + 1].numpy().astype(np.int64)
         return StepBatch(
             req_ids=list(batch.req_ids[:n]),
             token_ids=token_ids.long(),
             hidden=hidden,
-            query_start=cm.query_start_loc_cpu[: n + 1].numpy().astype(np.int64),
+            query_start=query_start,
             num_valid=num_valid.long(),
             seq_start=(cm.seq_lens[:n] - query_lens).long(),
             num_prompt_tokens=self.drafter.to_device(prompt_lens),
             next_token=next_token_ids[:n].long(),
             mid_prefill=self.runner.discard_request_mask.gpu[:n],
+            decode_only=decoding,
+            text_bound=computed + np.diff(query_start) - self._visual_counts(batch, n),
         )
+
+    def _visual_counts(self, batch, n: int) -> np.ndarray:
+        """[B] visual placeholders in each request's prompt, counted once per request from the
+        runner's host copy of its tokens."""
+        counts = self._visual_count
+        for i, r in enumerate(batch.req_ids[:n]):
+            if r not in counts:
+                prompt = batch.token_ids_cpu[i, : batch.num_prompt_tokens[i]]
+                counts[r] = int(np.isin(prompt, self._visual_ids).sum())
+        return np.fromiter((counts[r] for r in batch.req_ids[:n]), dtype=np.int64, count=n)
 
     def _sampler(self, md) -> Sampler:
         if not self._enable_probabilistic_draft_probs or md.all_greedy:

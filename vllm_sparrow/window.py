@@ -51,6 +51,9 @@ class WindowBatch:
     pos: torch.Tensor  # [B, L] int64 text index of each row (its query position and key index)
     valid: torch.Tensor  # [B, L] bool: a real entry (stored, visible as a key); padding is not
     cache_len: torch.Tensor  # [B] int64 entries of the request in the cache before this forward
+    # Host bound: only the first `rows` cache rows of these slots can hold an entry (no slot has
+    # reached its ring's end yet), so readers may skip the rest. None: any row may.
+    rows: int | None = None
 
 
 class TextWindowCache:
@@ -63,6 +66,7 @@ class TextWindowCache:
     def __init__(self, spec: WindowSpec, num_slots: int, lookahead: int, max_text_tokens: int,
                  num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
         self.spec = spec
+        self.lookahead = max(lookahead, 1)  # K: draft tokens per step (K - 1 chained entries)
         self.anchors = spec.anchors
         self.ring = self.ring_rows(spec, lookahead, max_text_tokens)  # R
         self.capacity = self.anchors + self.ring  # rows per slot

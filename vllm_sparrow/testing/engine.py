@@ -48,7 +48,8 @@ def _record_on(worker) -> None:
                 "req_ids": list(batch.req_ids), "token_ids": batch.token_ids.cpu().clone(),
                 "hidden": batch.hidden.float().cpu().clone(),
                 "row_start": batch.query_start[:-1].tolist(),
-                "num_valid": batch.num_valid.tolist(), "seq_start": batch.seq_start.tolist()})
+                "num_valid": batch.num_valid.tolist(), "seq_start": batch.seq_start.tolist(),
+                "text_bound": None if batch.text_bound is None else batch.text_bound.tolist()})
             return original(batch, num_draft, sample)
 
         drafter.step = step

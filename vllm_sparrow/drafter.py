@@ -112,6 +112,8 @@ class SparrowDrafter:
         # Host: request id -> slot.
         self.slot_of: dict[str, int] = {}
         self._free = list(range(max_requests - 1, -1, -1))
+        # The decode step captured per batch bucket (draft_graphs.DecodeGraphs), set by the owner.
+        self.graphs = None
         # Text entries each recent request committed (device values, read only by stats()).
         self._released: OrderedDict[str, torch.Tensor] = OrderedDict()
 
@@ -151,9 +153,13 @@ class SparrowDrafter:
             raise ValueError(f"{num_draft} draft tokens asked, the drafter was sized for "
                              f"{self.max_draft_tokens}")
         slot_list = [self._slot(r) for r in batch.req_ids]
+        decode = batch.decode_only and int(np.diff(batch.query_start).max(initial=0)) <= num_draft + 1
+        g = self.graphs
+        if decode and g is not None and sample is greedy and num_draft == g.num_draft and g.bucket(len(slot_list)):
+            return g.run(batch, slot_list), None
         # Ring rows that can hold an entry: while no slot of the batch has wrapped, a prefix.
         rows = None if batch.text_bound is None else int(batch.text_bound.max(initial=0))
-        if batch.decode_only and int(np.diff(batch.query_start).max(initial=0)) <= num_draft + 1:
+        if decode:
             slots, dest = self._decode_indices(batch, slot_list, num_draft + 1)
             y_last, c_new, drafting, ctx = self._commit_decode(batch, slots, dest, num_draft + 1, rows)
         else:

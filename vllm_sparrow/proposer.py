@@ -10,12 +10,15 @@ once at load time, sized by max_num_seqs, refused with a message when it cannot 
 from __future__ import annotations
 
 
+import os
+
 import numpy as np
 import torch
 from vllm.v1.spec_decode.eagle import EagleProposer
 
 from .attention import select_backend
 from .checkpoint import load_draft
+from .draft_graphs import DecodeGraphs, default_buckets
 from .drafter import Sampler, SparrowDrafter, StepBatch, greedy
 from .model import OwnTokenIO
 from .targets import target_spec
@@ -74,10 +77,14 @@ class SparrowProposer(EagleProposer):
             backend, self.device, self.dtype, max_requests=max_seqs, max_draft_tokens=k,
             max_text_tokens=self.max_model_len,
         )
+        mode = draft_graph_mode(self.vllm_config, self.device)
+        if mode is not None:
+            self.drafter.graphs = DecodeGraphs(self.drafter, k, default_buckets(max_seqs), capture=mode == "capture")
         logger.info(
-            "Sparrow draft %s loaded: text-only window cache (anchors=%d, window=%s) of %d slots x "
+            "Sparrow draft %s loaded: decode steps %s; text-only window cache (anchors=%d, window=%s) of %d slots x "
             "%d rows = %.1f MiB, attention backend %s, visual token ids %s skipped",
-            draft_dir, cfg.anchor_tokens, cfg.window_tokens, max_seqs, self.drafter.cache.capacity,
+            draft_dir, {"capture": "in CUDA graphs", "eager": "on static buffers"}.get(mode, "eager"),
+            cfg.anchor_tokens, cfg.window_tokens, max_seqs, self.drafter.cache.capacity,
             self.drafter.cache.nbytes / 2**20, backend.name, list(target.visual_token_ids),
         )
 
@@ -88,13 +95,16 @@ class SparrowProposer(EagleProposer):
         self.draft_attn_groups = []
 
     def initialize_cudagraph_keys(self, cudagraph_mode) -> None:
-        pass  # the draft runs eagerly
+        pass  # vLLM's graph wrappers are not used: draft_graphs.py captures the decode step itself
 
     def validate_same_kv_cache_group(self, kv_cache_config) -> None:
         pass
 
-    def dummy_run(self, num_tokens: int, *args, **kwargs) -> None:
-        pass  # the cache is allocated at load time, before vLLM profiles memory
+    def dummy_run(self, num_tokens: int, *args, is_graph_capturing: bool = False, **kwargs) -> None:
+        # The cache is allocated at load time, before vLLM profiles memory; at vLLM's graph
+        # capture, the decode step is captured once for every batch bucket.
+        if is_graph_capturing and self.drafter is not None and self.drafter.graphs is not None:
+            self.drafter.graphs.capture()
 
     def release_requests(self, req_ids) -> None:
         if self.drafter is not None:
@@ -182,6 +192,29 @@ class SparrowProposer(EagleProposer):
             return torch.where(is_greedy, probs.argmax(-1), race.argmax(-1)), probs
 
         return sample
+
+
+def draft_graph_mode(vllm_config, device) -> str | None:
+    """How decode steps run: "capture" (CUDA graphs, captured with vLLM's), "eager" (the same
+    static-buffer step without capture: tests), or None (plain eager).
+
+    Graphs follow vLLM's own switches (enforce_eager, cudagraph_mode); SPARROW_DRAFT_GRAPHS=off
+    turns them off, =eager selects the static-buffer path on any device."""
+    env = os.environ.get("SPARROW_DRAFT_GRAPHS", "").strip().lower()
+    if env not in ("", "off", "eager"):
+        raise ValueError(f"SPARROW_DRAFT_GRAPHS={env!r}: use 'off' or 'eager' (or leave it unset)")
+    if env:
+        return None if env == "off" else "eager"
+    spec = vllm_config.speculative_config
+    mode = getattr(vllm_config.compilation_config, "cudagraph_mode", None)
+    if (torch.device(device).type != "cuda" or vllm_config.model_config.enforce_eager
+            or getattr(spec, "enforce_eager", False) or mode is None or mode.name == "NONE"):
+        return None
+    if vllm_config.parallel_config.tensor_parallel_size > 1:
+        logger.info("Sparrow: decode steps run eagerly with tensor parallelism (the LM head's "
+                    "gather across ranks is not captured)")
+        return None
+    return "capture"
 
 
 def check_cache_budget(need: int, device: torch.device, max_seqs: int, window: int | None) -> None:

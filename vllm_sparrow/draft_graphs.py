@@ -1,0 +1,114 @@
+"""The decode draft step as one CUDA graph per batch bucket.
+
+A decode step (every request decoding: SparrowDrafter._commit_rows, then K greedy chained
+forwards) has fixed shapes for a batch size B and L = K + 1 and reads nothing back to the
+host, so it is captured once per bucket of batch sizes and replayed: one graph launch instead
+of ~250 kernel launches. Per step the host only copies the inputs into static buffers:
+
+    slots      [Bmax]          cache slot per request; a bucket's padding requests use the
+                               sink slot, which only padding reads and writes
+    hidden     [Bmax * L, H]   the target's states laid out [B, L] (row b * L + u)
+    tokens     [Bmax * L]      their token ids, same layout
+    num_valid, seq_start, next_token  [Bmax]
+
+Rows past a request's accepted ones keep whatever an earlier step left there: finite values
+that are masked out (never keys, never written to a real slot, outputs discarded).
+
+Captured during vLLM's start-up capture (the proposer's dummy_run with is_graph_capturing),
+largest bucket first so smaller ones share its memory pool. With `capture=False` the same
+static-buffer step runs eagerly, on any device: that is how CPU tests check the padding and
+buffer logic that the graphs replay.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .drafter import SparrowDrafter, StepBatch, greedy
+
+
+def default_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then multiples of 16, up to max_batch (capped at 256 requests)."""
+    top = min(max_batch, 256)
+    sizes = [b for b in (1, 2, 4, 8) if b <= top] + list(range(16, top + 1, 16))
+    return sorted(set(sizes + [top]))
+
+
+class DecodeGraphs:
+    def __init__(self, drafter: SparrowDrafter, num_draft: int, buckets: list[int], capture: bool) -> None:
+        d = drafter
+        self.drafter, self.num_draft, self.L = d, num_draft, num_draft + 1
+        self.buckets = sorted(set(buckets))
+        self.capture_enabled = capture
+        Bmax, L, dev = self.buckets[-1], self.L, d.device
+        self.sink = d.cache.num_slots
+        long = dict(dtype=torch.long, device=dev)
+        self.slots = torch.full((Bmax,), self.sink, **long)
+        self.hidden = torch.zeros(Bmax * L, d.pending.shape[1], dtype=d.pending.dtype, device=dev)
+        self.tokens = torch.zeros(Bmax * L, **long)
+        self.num_valid = torch.ones(Bmax, **long)  # >= 1 for padding too: it indexes row nv - 1
+        self.seq_start = torch.zeros(Bmax, **long)
+        self.next_token = torch.zeros(Bmax, **long)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.out: dict[int, torch.Tensor] = {}  # bucket -> static draft ids [bucket, K]
+        self.replays = 0  # steps served by this path (tests, logs)
+
+    def bucket(self, batch_size: int) -> int | None:
+        for b in self.buckets:
+            if b >= batch_size:
+                return b
+        return None
+
+    def _step(self, b: int) -> torch.Tensor:
+        """The captured body: one decode step of bucket b on the static buffers -> [b, K]."""
+        d, L = self.drafter, self.L
+        slots = self.slots[:b]
+        y, c_new, drafting, ctx = d._commit_rows(slots, self.hidden[: b * L], self.tokens[: b * L].view(b, L),
+                                                 self.num_valid[:b], self.seq_start[:b], self.next_token[:b])
+        ids, _ = d._chain(y, slots, c_new, drafting, ctx, self.num_draft, greedy)
+        return ids
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every bucket (CUDA). Slots are all the sink here, so warm-up and capture
+        touch no request's state."""
+        if not self.capture_enabled or self.graphs:
+            return
+        torch.cuda.synchronize()
+        pool = torch.cuda.graph_pool_handle()
+        for b in reversed(self.buckets):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # compile Triton kernels, size cuBLAS workspaces
+                for _ in range(2):
+                    self._step(b)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.out[b] = self._step(b)
+            self.graphs[b] = graph
+        torch.cuda.synchronize()
+
+    def run(self, batch: StepBatch, slot_list: list[int]) -> torch.Tensor:
+        """One decode step through the bucket's graph (or eagerly on the static buffers) -> [B, K]."""
+        d, L = self.drafter, self.L
+        B = len(slot_list)
+        b = self.bucket(B)
+        qs = batch.query_start
+        row_req = np.repeat(np.arange(B), np.diff(qs))  # [T]
+        # One transfer: the bucket's slots (padding -> sink), then each row's place in [B, L].
+        host = np.concatenate([slot_list, np.full(b - B, self.sink), row_req * L + np.arange(int(qs[-1])) - qs[:-1][row_req]])
+        dev = d.to_device(host)
+        self.slots[:b].copy_(dev[:b])
+        dest = dev[b:]
+        self.hidden[dest] = batch.hidden.to(self.hidden.dtype)
+        self.tokens[dest] = batch.token_ids
+        self.num_valid[:B].copy_(batch.num_valid)
+        self.seq_start[:B].copy_(batch.seq_start)
+        self.next_token[:B].copy_(batch.next_token)
+        self.replays += 1
+        if b in self.graphs:
+            self.graphs[b].replay()
+            return self.out[b][:B].clone()  # the static output is overwritten by the next replay
+        return self._step(b)[:B]

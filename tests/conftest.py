@@ -131,4 +131,4 @@ def quick_bench(workdir):
                             eagle=os.path.join(DEMO_MODELS, "eagle"), out=str(workdir / "bench-quick"),
                             ablations={"untrained": str(untrained)}))
     records = run_bench(cfg)
-    return cfg, {(r["method"], r["visual_tokens"]): r for r in records}
+    return cfg, {(r["method"], r["visual_tokens"], r["batch"]): r for r in records}

@@ -16,14 +16,14 @@ WORD_ACCURACY, OBJECT_RECALL = 0.7, 0.75
 def test_target_captions_held_out_clips_at_every_length(quick_bench):
     cfg, records = quick_bench
     for n in cfg.lengths:
-        rec = records[("none", n)]
+        rec = records[("none", n, 1)]
         assert rec["caption_word_accuracy"] > WORD_ACCURACY and rec["object_recall"] > OBJECT_RECALL, (n, rec)
 
 
 def test_trained_sparrow_draft_is_accepted_far_more_than_an_untrained_one(quick_bench):
     cfg, records = quick_bench
     for n in cfg.lengths:
-        trained, untrained = records[("sparrow", n)], records[("untrained", n)]
+        trained, untrained = records[("sparrow", n, 1)], records[("untrained", n, 1)]
         assert untrained["acceptance_length"] < 1.5
         assert trained["acceptance_length"] > untrained["acceptance_length"] + 1.0, (n, trained, untrained)
 

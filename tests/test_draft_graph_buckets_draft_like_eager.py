@@ -1,6 +1,7 @@
 """The decode step as CUDA graphs replay it (draft_graphs.py: static buffers, batches padded to
 a bucket with sink-slot requests, stale rows left from earlier steps) drafts exactly what the
-eager drafter drafts, and the engine stays lossless on that path.
+eager drafter drafts, and the engine stays lossless at batch 16 with prefills mixed in, on
+that path and on the eager one.
 
 Capture itself needs CUDA; the buffers, padding and bucket choice are the same code with or
 without capture, and run here with capture=False (SPARROW_DRAFT_GRAPHS=eager in the engine).
@@ -19,6 +20,7 @@ from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.draft_graphs import DecodeGraphs, default_buckets
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
 from vllm_sparrow.model import SparrowDraftModel
+from vllm_sparrow.testing.engine import drafter_inputs, record_drafter_inputs
 from vllm_sparrow.testing.tiny_targets import make_prompt
 
 H, V, K = 64, 50, 3
@@ -116,26 +118,50 @@ def test_buckets_cover_every_batch_size_up_to_the_engines_limit():
         assert all(b <= max_seqs for b in buckets)
 
 
-def test_engine_is_lossless_on_the_static_buffer_path(target_dirs, trained_drafts):
-    """Batch 12 (bucket 16: four padding requests) with prompts of different lengths."""
+def _replays(worker):
+    graphs = worker.model_runner.drafter.drafter.graphs
+    return None if graphs is None else graphs.replays
+
+
+@pytest.fixture(scope="module")
+def batch16(target_dirs, trained_drafts, clips):
+    """16 requests (two with videos, prompts of different lengths) through a 96-token step
+    budget: prompts are admitted and chunk-prefilled while others decode."""
     kind = "qwen2_5_vl"
     target, draft = target_dirs(kind), trained_drafts(kind)
-    prompts = [make_prompt(kind, target, f"describe clip {i} " + "and more " * (i % 4), None) for i in range(12)]
+    reqs = [{"prompt": make_prompt(kind, target, f"describe clip {i} " + "and more " * (i % 5), None)}
+            for i in range(14)]
+    reqs += [{"prompt": make_prompt(kind, target, "describe the video", "video"),
+              "multi_modal_data": {"video": clips(n)}} for n in (4, 8)]
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    base = make_llm(target, max_num_seqs=16)
-    reference = [list(o.outputs[0].token_ids) for o in base.generate(prompts, params, use_tqdm=False)]
+    engine = dict(max_num_seqs=16, max_num_batched_tokens=96, long_prefill_token_threshold=48)
+    base = make_llm(target, **engine)
+    runs = {"plain": [list(o.outputs[0].token_ids) for o in base.generate(reqs, params, use_tqdm=False)]}
     close_llm(base)
-    os.environ["SPARROW_DRAFT_GRAPHS"] = "eager"
-    try:
-        llm = make_llm(target, max_num_seqs=16, speculative_config={
-            "method": "sparrow", "model": str(draft), "num_speculative_tokens": K})
-    finally:
-        del os.environ["SPARROW_DRAFT_GRAPHS"]
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    replays = llm.collective_rpc(lambda w: w.model_runner.drafter.drafter.graphs.replays)[0]
-    close_llm(llm)
-    assert [list(o.outputs[0].token_ids) for o in outs] == reference
-    assert replays >= 10, "decode steps must take the static-buffer path"
+    for env, path in (("off", "eager"), ("eager", "static")):
+        os.environ["SPARROW_DRAFT_GRAPHS"] = env
+        try:
+            llm = make_llm(target, **engine, speculative_config={
+                "method": "sparrow", "model": str(draft), "num_speculative_tokens": K})
+        finally:
+            del os.environ["SPARROW_DRAFT_GRAPHS"]
+        record_drafter_inputs(llm)
+        outs = llm.generate(reqs, params, use_tqdm=False)
+        replays = llm.collective_rpc(_replays)[0]
+        runs[path] = ([list(o.outputs[0].token_ids) for o in outs], replays, drafter_inputs(llm))
+        close_llm(llm)
+    return runs
+
+
+@pytest.mark.parametrize("path", ["eager", "static"])
+def test_batch_16_with_prefills_mixed_in_is_lossless(batch16, path):
+    outputs, replays, steps = batch16[path]
+    assert outputs == batch16["plain"]
+    mixed = [s for s in steps if len(s["req_ids"]) >= 8 and max(
+        b - a for a, b in zip(s["row_start"], s["row_start"][1:] + [len(s["token_ids"])])) > K + 1]
+    assert mixed, "prefill chunks must share steps with decoding requests"
+    if path == "static":
+        assert replays >= 10, "decode steps must take the static-buffer path"
 
 
 def test_graph_mode_follows_vllm_switches_and_the_environment(monkeypatch):

@@ -1,5 +1,6 @@
 """`sparrow bench --quick` (the CI smoke size of the long-video benchmark) measures every method
-on the demo models through vLLM and writes the JSON records, the markdown table and the plot."""
+on the demo models through vLLM, at batch size 1 and with clips submitted together, and writes
+the JSON records, the markdown table and the plot."""
 
 import json
 import subprocess
@@ -11,10 +12,12 @@ METHODS = ("none", "sparrow", "eagle", "ngram", "untrained")
 
 def test_quick_benchmark_measures_every_method_at_every_length(quick_bench):
     cfg, records = quick_bench
-    assert set(records) == {(m, n) for m in METHODS for n in cfg.lengths}
-    for (method, n), r in records.items():
+    assert set(records) == {(m, n, b) for m in METHODS for n in cfg.lengths for b in cfg.batch_sizes}
+    assert max(cfg.batch_sizes) > 1
+    for (method, n, b), r in records.items():
         assert r["decode_tok_s"] > 0 and r["e2e_s"] > 0
-        assert len(r["prompt_tokens"]) == cfg.clips_per_length
+        assert len(r["prompt_tokens"]) == (cfg.clips_per_length if b == 1 else b)
+        assert len(set(map(tuple, r["output_token_ids"]))) == len(r["output_token_ids"]), "different clips"
         # the prompt holds the clip's visual tokens: the length axis is real
         assert n <= r["prompt_tokens"][0] <= n + 64, (method, n, r["prompt_tokens"])
         if method != "none":
@@ -40,8 +43,8 @@ def test_draft_cache_holds_text_only_for_sparrow_and_every_token_for_eagle(quick
     rows = draft["anchor_tokens"] + draft["window_tokens"] + cfg.num_speculative_tokens  # A + W + K
     ring_bytes = 2 * layer["num_key_value_heads"] * rows * layer["head_dim"] * 4  # K and V, float32
     for n in (short, long):  # one fixed ring per request, whatever the video length
-        assert records[("sparrow", n)]["draft_cache_bytes"] == ring_bytes
-    eg_short, eg_long = records[("eagle", short)], records[("eagle", long)]
+        assert records[("sparrow", n, 1)]["draft_cache_bytes"] == ring_bytes
+    eg_short, eg_long = records[("eagle", short, 1)], records[("eagle", long, 1)]
     assert eg_long["draft_cache_bytes"] > 2 * eg_short["draft_cache_bytes"]  # grows with the video
 
 
@@ -54,7 +57,7 @@ def test_results_json_table_and_plot_are_written(quick_bench):
     assert results["settings"]["lengths"] == list(cfg.lengths)
     table = (out / "table.md").read_text()
     assert "CPU only" in table or "GPU" in table
-    assert sum(line.startswith("| sparrow |") for line in table.splitlines()) == len(cfg.lengths)
+    assert sum(line.startswith("| sparrow |") for line in table.splitlines()) == len(cfg.lengths) * len(cfg.batch_sizes)
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

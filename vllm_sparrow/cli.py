@@ -121,6 +121,7 @@ def _bench(args) -> int:
     cfg = BenchConfig(target=args.target, sparrow=args.sparrow, eagle=args.eagle, out=args.out,
                       methods=tuple(args.methods.split(",")) if args.methods else METHODS,
                       ablations=ablations, clips_per_length=args.clips,
+                      batch_sizes=tuple(int(x) for x in args.batch_sizes.split(",")),
                       num_speculative_tokens=args.k, max_tokens=args.max_tokens)
     if args.lengths:
         cfg.lengths = tuple(int(x) for x in args.lengths.split(","))
@@ -218,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="an extra Sparrow draft to run as method NAME (repeatable)")
     b.add_argument("--with-ablations", action="store_true",
                    help="add every draft in <sparrow>/../ablations (no-mtp, no-ivsb, no-window)")
-    b.add_argument("--clips", type=int, default=2, help="clips per length")
+    b.add_argument("--clips", type=int, default=2, help="clips per length (batch size 1)")
+    b.add_argument("--batch-sizes", default="1",
+                   help="comma separated; B > 1 submits B clips of a length together (default: 1)")
     b.add_argument("--k", type=int, default=3, help="speculative tokens")
     b.add_argument("--max-tokens", type=int, default=320)
     b.add_argument("--quick", action="store_true", help="smoke size: 2 short lengths, 1 clip each")

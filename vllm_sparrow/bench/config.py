@@ -17,7 +17,8 @@ class BenchConfig:
     lengths: tuple[int, ...] = PAPER_LENGTHS
     methods: tuple[str, ...] = METHODS
     ablations: dict[str, str] = field(default_factory=dict)  # name -> Sparrow draft dir
-    clips_per_length: int = 2
+    clips_per_length: int = 2  # at batch size 1, captioned one after another
+    batch_sizes: tuple[int, ...] = (1,)  # B > 1: B clips of a length submitted together
     num_speculative_tokens: int = 3
     max_tokens: int = 320
     seed0: int = 30_000_000  # clip scenes; disjoint from the demo models' training scenes
@@ -29,7 +30,8 @@ class BenchConfig:
 
 
 def quick(cfg: BenchConfig) -> BenchConfig:
-    """CI smoke size: two short lengths, one clip each, every method, whole captions (~3 min on CPU)."""
+    """CI smoke size: two short lengths, one clip each at batch 1 and two together, every method,
+    whole captions (~4 min on CPU)."""
     from dataclasses import replace
 
-    return replace(cfg, lengths=(512, 1536), clips_per_length=1)
+    return replace(cfg, lengths=(512, 1536), clips_per_length=1, batch_sizes=(1, 2))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .config import BenchConfig
 
-COLUMNS = ("method", "visual tokens", "accept len", "accept (no bonus)", "per position", "draft ms/step",
+COLUMNS = ("method", "visual tokens", "batch", "accept len", "accept (no bonus)", "per position", "draft ms/step",
            "draft cache KiB", "decode tok/s", "decode speedup", "e2e speedup", "= no spec", "caption words", "objects P/R")
 
 
@@ -21,7 +21,7 @@ def table(records: list[dict]) -> str:
         per_pos = "/".join(f"{p:.2f}" for p in r["per_position"]) if r.get("per_position") else "-"
         equal = r.get("outputs_equal_no_spec")
         rows.append("| " + " | ".join([
-            r["method"], str(r["visual_tokens"]), _fmt(r.get("acceptance_length")),
+            r["method"], str(r["visual_tokens"]), str(r.get("batch", 1)), _fmt(r.get("acceptance_length")),
             _fmt(r.get("acceptance_length_no_bonus")), per_pos, _fmt(r.get("draft_ms_per_step")),
             _fmt(r["draft_cache_bytes"] / 1024, ".1f"), _fmt(r.get("decode_tok_s"), ".1f"),
             _fmt(r.get("decode_speedup")), _fmt(r.get("e2e_speedup")),
@@ -36,8 +36,11 @@ def write_reports(out: Path, records: list[dict], cfg: BenchConfig, env: dict) -
     (out / "results.json").write_text(json.dumps({"environment": env, "settings": cfg.settings(),
                                                   "records": slim}, indent=1))
     where = env["gpu"] or f"CPU only ({env['cpu_count']} cores, {env['cpu']})"
+    sizes = ", ".join(map(str, cfg.batch_sizes))
     head = (f"Measured {env['date']} on {where}; vLLM {env['vllm']}, torch {env['torch']}; "
-            f"K={cfg.num_speculative_tokens}, {cfg.clips_per_length} clip(s) per length, greedy, batch size 1.\n\n")
+            f"K={cfg.num_speculative_tokens}, greedy, {cfg.max_tokens} new tokens at most; batch size 1: "
+            f"{cfg.clips_per_length} clip(s) per length one after another; batch sizes {sizes}: that many clips "
+            "submitted together (aggregate decode tok/s).\n\n")
     (out / "table.md").write_text(head + table(records))
     plot(records, out / "plot.png", where)
     print(f"[bench] wrote {out / 'results.json'}, {out / 'table.md'}, {out / 'plot.png'}", flush=True)
@@ -49,20 +52,37 @@ def plot(records: list[dict], path: Path, where: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, s) = plt.subplots(1, 2, figsize=(11, 4))
+    sizes = sorted({r.get("batch", 1) for r in records})
+    fig, axes = plt.subplots(1, 3 if len(sizes) > 1 else 2, figsize=(16 if len(sizes) > 1 else 11, 4))
+    a, s = axes[0], axes[1]
     methods = [m for m in dict.fromkeys(r["method"] for r in records) if m != "none"]
     for m in methods:
-        rows = sorted((r for r in records if r["method"] == m), key=lambda r: r["visual_tokens"])
+        rows = sorted((r for r in records if r["method"] == m and r.get("batch", 1) == 1), key=lambda r: r["visual_tokens"])
         xs = [r["visual_tokens"] for r in rows]
         a.plot(xs, [r.get("acceptance_length") or float("nan") for r in rows], marker="o", label=m)
         s.plot(xs, [r.get("decode_speedup") or float("nan") for r in rows], marker="o", label=m)
-    for ax, title in ((a, "mean acceptance length (incl. bonus)"), (s, "decode speedup vs no speculation")):
+    for ax, title in ((a, "mean acceptance length (incl. bonus), batch 1"),
+                      (s, "decode speedup vs no speculation, batch 1")):
         ax.set_xscale("log")
         ax.set_xlabel("visual tokens")
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend()
     s.axhline(1.0, color="grey", lw=0.8)
+    if len(sizes) > 1:  # speedup against batch size, one line per method and length
+        ax = axes[2]
+        for m in methods:
+            for n in sorted({r["visual_tokens"] for r in records}):
+                rows = sorted((r for r in records if r["method"] == m and r["visual_tokens"] == n),
+                              key=lambda r: r.get("batch", 1))
+                ax.plot([r.get("batch", 1) for r in rows], [r.get("decode_speedup") or float("nan") for r in rows],
+                        marker="o", label=f"{m} @ {n}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size (requests together)")
+        ax.set_title("decode speedup vs no speculation")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     fig.suptitle(f"vllm-sparrow long-video benchmark ({where})", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,6 +1,9 @@
-"""Run the benchmark: every method over every visual length, one record per (method, length).
+"""Run the benchmark: every method over every visual length and batch size, one record per
+(method, length, batch).
 
-Records are appended to <out>/records.jsonl as each (method, length) finishes, so a rerun with
+Batch size 1 captions the clips one after another (speedups as speculative decoding quotes
+them); batch size B > 1 submits B clips of the same length together and measures aggregate
+decode throughput. Records are appended to <out>/records.jsonl as each finishes, so a rerun with
 the same settings skips what is done; results.json, table.md and plot.png are rewritten at the
 end from all records.
 """
@@ -26,50 +29,87 @@ def run_bench(cfg: BenchConfig) -> list[dict]:
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    clips = eval_clips(out / "clips", cfg.lengths, cfg.clips_per_length, cfg.seed0)
+    clips = eval_clips(out / "clips", cfg.lengths, max(cfg.clips_per_length, *cfg.batch_sizes), cfg.seed0)
     tok = AutoTokenizer.from_pretrained(cfg.target)
     prompt = make_prompt("qwen2_5_vl", tok, cfg.prompt, media="video")
     done = _load_records(out / "records.jsonl", cfg)
     methods = list(dict.fromkeys(["none", *cfg.methods, *cfg.ablations]))
-    total = len(methods) * len(cfg.lengths)
+    cells = [(n, b) for n in cfg.lengths for b in cfg.batch_sizes]
+    total = len(methods) * len(cells)
     for method in methods:
-        todo = [n for n in cfg.lengths if (method, n) not in done]
+        todo = [(n, b) for n, b in cells if (method, n, b) not in done]
         if not todo:
             continue
         t0 = time.perf_counter()
-        llm = open_engine(method, cfg, max(cfg.lengths))
+        llm = open_engine(method, cfg, max(cfg.lengths), max_num_seqs=max(4, *cfg.batch_sizes))
         print(f"[bench] {method}: engine up in {time.perf_counter() - t0:.0f}s", flush=True)
         try:
             generate_one(llm, _request(prompt, clips[min(cfg.lengths)][0]), 16)  # warm-up, not measured
-            for n in todo:
-                rec = measure(llm, method, n, clips[n], prompt, tok, cfg)
-                done[(method, n)] = rec
+            for n, b in todo:
+                if b == 1:
+                    rec = measure(llm, method, n, clips[n][: cfg.clips_per_length], prompt, tok, cfg)
+                else:
+                    rec = measure_batch(llm, method, n, clips[n][:b], prompt, tok, cfg)
+                done[(method, n, b)] = rec
                 with open(out / "records.jsonl", "a") as f:
                     f.write(json.dumps(rec) + "\n")
                 print(f"[bench {len(done)}/{total}] {_line(rec)}", flush=True)
         finally:
             close_engine(llm)
-    records = [done[(m, n)] for m in methods for n in cfg.lengths]
+    records = [done[(m, n, b)] for m in methods for n, b in cells]
     compare_to_baseline(records)
     write_reports(out, records, cfg, environment())
     return records
 
 
 def measure(llm, method: str, tokens: int, clips: list[Clip], prompt: str, tok, cfg: BenchConfig) -> dict:
-    from ..testing.engine import spec_counters
-
-    spec = method != "none"
-    before, timer0 = (spec_counters(llm), draft_timer(llm)) if spec else (None, None)
+    """Batch size 1: the clips captioned one after another."""
+    before, timer0 = _counters(llm, method)
     outs = [generate_one(llm, _request(prompt, c), cfg.max_tokens) for c in clips]
-    rec = {"method": method, "visual_tokens": tokens, "clips": len(clips),
+    rec = {"method": method, "visual_tokens": tokens, "batch": 1, "clips": len(clips),
            "prompt_tokens": [o["prompt_tokens"] for o in outs],
            "output_token_ids": [o["token_ids"] for o in outs],
            "e2e_s": sum(o["wall_s"] for o in outs), "ttft_s": sum(o["ttft_s"] for o in outs) / len(outs),
            "decode_tokens": sum(len(o["token_ids"]) - 1 for o in outs),
            "decode_s": sum(o["decode_s"] for o in outs)}
     rec["decode_tok_s"] = rec["decode_tokens"] / rec["decode_s"] if rec["decode_s"] > 0 else None
-    rec.update(caption_accuracy(tok, [o["token_ids"] for o in outs], [c.truth for c in clips]))
-    if spec:
+    return _finish(rec, llm, method, before, timer0, outs, [c.truth for c in clips], tok, cfg)
+
+
+def measure_batch(llm, method: str, tokens: int, clips: list[Clip], prompt: str, tok, cfg: BenchConfig) -> dict:
+    """Batch size B = len(clips): the clips submitted together; aggregate decode throughput =
+    decode tokens of all requests / (last token time - first first-token time)."""
+    from vllm import SamplingParams
+
+    before, timer0 = _counters(llm, method)
+    t0 = time.perf_counter()
+    results = llm.generate([_request(prompt, c) for c in clips], SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens),
+                           use_tqdm=False)
+    wall = time.perf_counter() - t0
+    first = min(r.metrics.first_token_ts for r in results)
+    last = max(r.metrics.last_token_ts for r in results)
+    outs = [{"token_ids": list(r.outputs[0].token_ids), "prompt_tokens": len(r.prompt_token_ids)} for r in results]
+    rec = {"method": method, "visual_tokens": tokens, "batch": len(clips), "clips": len(clips),
+           "prompt_tokens": [o["prompt_tokens"] for o in outs], "output_token_ids": [o["token_ids"] for o in outs],
+           "e2e_s": wall, "ttft_s": sum(r.metrics.first_token_latency for r in results) / len(results),
+           "decode_tokens": sum(len(o["token_ids"]) - 1 for o in outs), "decode_s": last - first}
+    rec["decode_tok_s"] = rec["decode_tokens"] / rec["decode_s"] if rec["decode_s"] > 0 else None
+    return _finish(rec, llm, method, before, timer0, outs, [c.truth for c in clips], tok, cfg)
+
+
+def _counters(llm, method: str):
+    from ..testing.engine import spec_counters
+
+    return (spec_counters(llm), draft_timer(llm)) if method != "none" else (None, None)
+
+
+def _finish(rec: dict, llm, method: str, before, timer0, outs: list[dict], truths: list[str], tok,
+            cfg: BenchConfig) -> dict:
+    """Caption accuracy, acceptance and draft time since `before`, and draft cache bytes."""
+    from ..testing.engine import spec_counters
+
+    rec.update(caption_accuracy(tok, [o["token_ids"] for o in outs], truths))
+    if method != "none":
         after, timer1 = spec_counters(llm), draft_timer(llm)
         drafts = after["num_drafts"] - before["num_drafts"]
         accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
@@ -112,10 +152,11 @@ def _edit_distance(a: list[str], b: list[str]) -> int:
 
 
 def compare_to_baseline(records: list[dict]) -> None:
-    """Speedups and output equality against the no-speculation record of the same length."""
-    base = {r["visual_tokens"]: r for r in records if r["method"] == "none"}
+    """Speedups and output equality against the no-speculation record of the same length and
+    batch size."""
+    base = {(r["visual_tokens"], r["batch"]): r for r in records if r["method"] == "none"}
     for r in records:
-        b = base.get(r["visual_tokens"])
+        b = base.get((r["visual_tokens"], r["batch"]))
         if b is None:
             continue
         r["outputs_equal_no_spec"] = r["output_token_ids"] == b["output_token_ids"]
@@ -151,7 +192,7 @@ def _cache_bytes(llm, method: str, outs: list[dict], cfg: BenchConfig) -> float:
 
 
 def _load_records(path: Path, cfg: BenchConfig) -> dict:
-    """Finished (method, length) records of an earlier run with the same settings."""
+    """Finished (method, length, batch) records of an earlier run with the same settings."""
     settings_file = path.with_name("settings.json")
     settings = json.dumps(cfg.settings(), sort_keys=True)
     if settings_file.exists() and settings_file.read_text() != settings:
@@ -162,12 +203,13 @@ def _load_records(path: Path, cfg: BenchConfig) -> dict:
         for line in path.read_text().splitlines():
             if line.strip():
                 r = json.loads(line)
-                done[(r["method"], r["visual_tokens"])] = r
+                r.setdefault("batch", 1)
+                done[(r["method"], r["visual_tokens"], r["batch"])] = r
     return done
 
 
 def _line(r: dict) -> str:
     acc = f"acceptance {r['acceptance_length']:.2f}" if r.get("acceptance_length") else "acceptance -"
     tps = f"{r['decode_tok_s']:.1f} tok/s" if r.get("decode_tok_s") else "- tok/s"
-    return (f"{r['method']:>8} @ {r['visual_tokens']:>6} visual tokens: {acc}, decode {tps}, "
+    return (f"{r['method']:>8} @ {r['visual_tokens']:>6} visual tokens, batch {r['batch']:>3}: {acc}, decode {tps}, "
             f"caption word accuracy {r['caption_word_accuracy']:.3f}")

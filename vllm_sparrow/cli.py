@@ -72,7 +72,7 @@ def _train(args) -> int:
 def _export(args) -> int:
     from .training.export import export_run
 
-    print(f"exported {export_run(args.run, args.out)}")
+    print(f"exported {export_run(args.run, args.out, draft_vocab=args.draft_vocab)}")
     return 0
 
 
@@ -196,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("export", help="write the plugin draft directory from a run's last checkpoint")
     e.add_argument("--run", required=True)
     e.add_argument("--out", required=True)
+    e.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="also write a reduced draft vocabulary: the N most frequent text tokens of the "
+                        "run's training capture (the draft proposes only those; lossless either way)")
     e.set_defaults(fn=_export)
     d = sub.add_parser("demo", help="the demo models: run (default), build, samples, card")
     d.add_argument("action", nargs="?", default="run", choices=("run", "build", "samples", "card"))

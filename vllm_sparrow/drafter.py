@@ -94,6 +94,9 @@ class SparrowDrafter:
     ) -> None:
         cfg = model.cfg
         self.io, self.backend, self.device = io, backend, torch.device(device)
+        # A reduced draft vocabulary (draft_vocab.SubsetLogits): io.logits covers io.ids only.
+        self.vocab_ids: torch.Tensor | None = getattr(io, "ids", None)  # [N] column -> token id
+        self.full_vocab: int | None = getattr(io, "vocab_size", None)
         self.max_draft_tokens = max_draft_tokens
         self.layer = SparrowServingLayer(model, max_positions=max_text_tokens + max_draft_tokens + 1)
         self.spec = WindowSpec(cfg.anchor_tokens, cfg.window_tokens)
@@ -322,7 +325,7 @@ class SparrowDrafter:
         (the next step commits over those indices)."""
         ids, probs = [], []
         for step in range(num_draft):
-            tok, p = sample(self.io.logits(y))  # [B]
+            tok, p = self._propose(y, sample)  # [B]
             ids.append(tok)
             if p is not None:
                 probs.append(p)
@@ -335,6 +338,16 @@ class SparrowDrafter:
         out = torch.stack(ids, 1) if ids else torch.zeros(len(slots), 0, dtype=torch.long, device=self.device)
         out = torch.where(drafting[:, None], out, 0)  # [B, K]
         return out, (torch.stack(probs, 1) if probs else None)
+
+    def _propose(self, y, sample):
+        """Draft tokens [B] (and their distribution [B, vocab]) from draft states y [B, H]."""
+        tok, p = sample(self.io.logits(y))
+        if self.vocab_ids is None:
+            return tok, p
+        tok = self.vocab_ids[tok]  # subset column -> token id
+        if p is not None:  # q = 0 outside the subset
+            p = p.new_zeros(p.shape[0], self.full_vocab).index_copy_(1, self.vocab_ids, p)
+        return tok, p
 
     # ---- accounting ----------------------------------------------------------------
     def stats(self) -> dict:

@@ -19,6 +19,7 @@ from vllm.v1.spec_decode.eagle import EagleProposer
 from .attention import select_backend
 from .checkpoint import load_draft
 from .draft_graphs import DecodeGraphs, default_buckets
+from .draft_vocab import SubsetLogits, load_vocab
 from .drafter import Sampler, SparrowDrafter, StepBatch, greedy
 from .model import OwnTokenIO
 from .targets import target_spec
@@ -72,8 +73,9 @@ class SparrowProposer(EagleProposer):
         self.sparrow_model = model
         self._visual_ids = np.asarray(target.visual_token_ids, dtype=np.int64)
         self._visual_count: dict[str, int] = {}  # request id -> visual placeholders in its prompt
+        io = self._token_io(model, target_model, draft_dir)
         self.drafter = SparrowDrafter(
-            model, OwnTokenIO(model, _TargetTokenIO(target_model)), target.visual_token_ids,
+            model, io, target.visual_token_ids,
             backend, self.device, self.dtype, max_requests=max_seqs, max_draft_tokens=k,
             max_text_tokens=self.max_model_len,
         )
@@ -81,12 +83,30 @@ class SparrowProposer(EagleProposer):
         if mode is not None:
             self.drafter.graphs = DecodeGraphs(self.drafter, k, default_buckets(max_seqs), capture=mode == "capture")
         logger.info(
-            "Sparrow draft %s loaded: decode steps %s; text-only window cache (anchors=%d, window=%s) of %d slots x "
+            "Sparrow draft %s loaded: %s-token draft vocabulary, decode steps %s; text-only window cache (anchors=%d, window=%s) of %d slots x "
             "%d rows = %.1f MiB, attention backend %s, visual token ids %s skipped",
-            draft_dir, {"capture": "in CUDA graphs", "eager": "on static buffers"}.get(mode, "eager"),
+            draft_dir, "full" if self.drafter.vocab_ids is None else self.drafter.vocab_ids.numel(),
+            {"capture": "in CUDA graphs", "eager": "on static buffers"}.get(mode, "eager"),
             cfg.anchor_tokens, cfg.window_tokens, max_seqs, self.drafter.cache.capacity,
             self.drafter.cache.nbytes / 2**20, backend.name, list(target.visual_token_ids),
         )
+
+    def _token_io(self, model, target_model, draft_dir):
+        """The draft's embedding and LM head (its own, else the target's), on the draft's
+        reduced vocabulary when it ships one and the head allows it."""
+        io = OwnTokenIO(model, _TargetTokenIO(target_model))
+        ids = load_vocab(draft_dir)
+        if ids is None:
+            return io
+        vocab = self.vllm_config.model_config.get_vocab_size()
+        if model.lm_head is not None:
+            return SubsetLogits(io, ids, model.lm_head.weight, vocab)
+        head, why = _plain_target_head(target_model, self.vllm_config.parallel_config.tensor_parallel_size)
+        if head is None:
+            logger.warning("Sparrow: the draft's reduced vocabulary is not used (%s); drafting over "
+                           "the full vocabulary", why)
+            return io
+        return SubsetLogits(io, ids, head, vocab)
 
     def initialize_attn_backend(self, kv_cache_config, kernel_block_sizes=None) -> None:
         # No vLLM attention layers and no vLLM KV cache for the draft. Group 0's metadata
@@ -192,6 +212,23 @@ class SparrowProposer(EagleProposer):
             return torch.where(is_greedy, probs.argmax(-1), race.argmax(-1)), probs
 
         return sample
+
+
+def _plain_target_head(target_model, tp: int):
+    """(weight [vocab, H], "") of the target's LM head when its logits are a plain matmul on
+    one rank, else (None, why)."""
+    if tp > 1:
+        return None, "tensor parallelism shards the LM head"
+    lm = target_model.get_language_model() if hasattr(target_model, "get_language_model") else target_model
+    head = getattr(lm, "lm_head", None)
+    proc = getattr(lm, "logits_processor", None) or getattr(target_model, "logits_processor", None)
+    weight = getattr(head, "weight", None)
+    if weight is None or weight.ndim != 2 or weight.shape[0] == 0:
+        return None, "the target's LM head weight is not reachable"
+    if getattr(head, "bias", None) is not None or proc is None or getattr(proc, "scale", 1.0) != 1.0 \
+            or getattr(proc, "soft_cap", None):
+        return None, "the target's logits are not a plain matmul (bias, scale or soft cap)"
+    return weight, ""
 
 
 def draft_graph_mode(vllm_config, device) -> str | None:

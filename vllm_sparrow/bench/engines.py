@@ -38,8 +38,11 @@ def open_engine(method: str, cfg: BenchConfig, max_visual_tokens: int, max_num_s
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: timers reach the runner
     max_len = max_visual_tokens + 256 + cfg.max_tokens + 64  # prompt text + caption + margin
+    # Every prompt of a batch prefilled in one step, so a batch's decode window (first token to
+    # last) holds decode steps only, not other requests' prefills.
     llm = LLM(model=cfg.target, dtype=cfg.dtype, enforce_eager=True, max_model_len=max_len,
-              max_num_batched_tokens=max(8192, max_len), max_num_seqs=max_num_seqs, disable_log_stats=False,
+              max_num_batched_tokens=max(8192, max_len * max_num_seqs), max_num_seqs=max_num_seqs,
+              disable_log_stats=False,
               limit_mm_per_prompt={"video": 1}, speculative_config=speculative_config(method, cfg))
     if method != "none":
         llm.collective_rpc(_install_draft_timer)

@@ -13,7 +13,9 @@ import torch
 from ..checkpoint import load_draft, save_draft
 
 
-def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
+def export_run(run_dir: str | Path, out_dir: str | Path, draft_vocab: int | None = None) -> Path:
+    """draft_vocab: also write a reduced draft vocabulary of that many tokens, the most frequent
+    text tokens of the run's training samples (draft_vocab.py)."""
     run = Path(run_dir)
     ckpt_path = run / "checkpoint.pt"
     if not ckpt_path.is_file():
@@ -22,6 +24,8 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
     init = Path(cfg["init"]) if cfg.get("init") else run / "init"
     weights = torch.load(ckpt_path, weights_only=False)["draft"]
     if cfg.get("draft_kind") == "eagle":
+        if draft_vocab is not None:
+            raise ValueError("--draft-vocab is for Sparrow drafts; vLLM's eagle method reads the full vocabulary")
         from .eagle_baseline import EagleBaselineDraft
 
         baseline = EagleBaselineDraft.load(init)
@@ -30,4 +34,15 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> Path:
     draft = load_draft(init)
     draft.load_state_dict(weights)
     draft.cfg.speculative_tokens = cfg["speculative_tokens"]
-    return save_draft(draft, out_dir)
+    out = save_draft(draft, out_dir)
+    from ..draft_vocab import VOCAB_FILE
+
+    (out / VOCAB_FILE).unlink(missing_ok=True)  # an earlier export's subset must not outlive it
+    if draft_vocab is not None:
+        from ..draft_vocab import count_text_tokens, save_vocab, top_tokens
+        from .shards import ShardReader
+
+        training = len(ShardReader(cfg["capture"])) - int(cfg.get("holdout", 0))  # held-out clips stay unseen
+        counts = count_text_tokens(cfg["capture"], samples=max(training, 1))
+        save_vocab(out, top_tokens(counts, draft_vocab, draft.cfg.vocab_size))
+    return out

@@ -1,14 +1,19 @@
-"""Offline batch captioning (vllm_sparrow.batch_caption, examples/caption_batch.py): one JSONL
-row per video, bad videos become error rows while the rest are captioned, an interrupted run
-keeps what it finished and a rerun does only the rest, and captions with Sparrow equal the
-target's own greedy captions."""
+"""Offline batch captioning (`sparrow caption`, vllm_sparrow.batch_caption): one JSONL row per
+video, bad videos become error rows while the rest are captioned, a run killed with SIGKILL in
+the middle of writing a row loses nothing and duplicates nothing when rerun, ids are unique
+and come from the media path, and captions with Sparrow equal the target's own greedy
+captions."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import pytest
-from conftest import close_llm, make_llm
+from conftest import ENGINE_DEFAULTS, close_llm, make_llm
 
-from vllm_sparrow.batch_caption import CaptionJob, caption_batch
+from vllm_sparrow.batch_caption import CaptionJob, DuplicateIds, caption_batch, list_items
 from vllm_sparrow.video import write_synthetic_clip
 
 KIND = "qwen2_5_vl"
@@ -82,8 +87,43 @@ def test_jsonl_input_with_a_bad_line_and_an_over_long_video(folder, tmp_path, ta
                      max_tokens=8, chunk=4)
     report = caption_batch(job, llm=plain, progress=False)
     rows = {r["id"]: r for r in _rows(tmp_path / "o.jsonl")}
-    assert set(rows) == {"a", "1", "long", "b"}
+    assert set(rows) == {"a", "line 2", "long", "b"}
     assert "caption" in rows["a"] and "caption" in rows["b"]
-    assert "not a JSON object" in rows["1"]["error"]
+    assert "not a JSON object" in rows["line 2"]["error"]
     assert "longer than the maximum model length" in rows["long"]["error"], rows["long"]
     assert (report.done, report.errors) == (2, 2)
+
+
+def _caption_cli(folder, out, target, kill_at=None):
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # one process: the kill takes the engine too
+    env.pop("SPARROW_KILL_AT_WRITE", None)
+    if kill_at is not None:
+        env["SPARROW_KILL_AT_WRITE"] = str(kill_at)
+    engine = {**ENGINE_DEFAULTS, "max_model_len": 2048}
+    return subprocess.run([sys.executable, "-m", "vllm_sparrow.cli", "caption", "--target", str(target),
+                           "--inputs", str(folder), "--out", str(out), "--frames", "8", "--max-tokens", "12",
+                           "--chunk", "2", "--engine-args", json.dumps(engine)],
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_a_run_killed_while_writing_a_row_resumes_without_loss_or_duplicates(folder, tmp_path, target_dirs):
+    out = tmp_path / "killed.jsonl"
+    killed = _caption_cli(folder, out, target_dirs(KIND), kill_at="3:killed")  # half of the third row written
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    torn = out.read_bytes()
+    assert torn.count(b"\n") == 2 and not torn.endswith(b"\n")  # two whole rows and a torn one
+    done = _caption_cli(folder, out, target_dirs(KIND))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "3 captioned, 0 errors, 2 already done" in done.stdout
+    rows = _rows(out)  # every line parses
+    assert sorted(r["id"] for r in rows) == sorted(p.name for p in folder.iterdir())  # each once
+
+
+def test_ids_come_from_the_media_path_and_duplicates_are_refused(tmp_path):
+    src = tmp_path / "items.jsonl"
+    src.write_text("\n".join([json.dumps({"video": "a.mp4"}), json.dumps({"video": "b.mp4", "prompt": "x"}),
+                              json.dumps({"video": "c.mp4", "id": "a.mp4"})]))
+    with pytest.raises(DuplicateIds, match=r"'a.mp4' on lines 1, 3"):
+        list_items(src, "p")
+    src.write_text("\n".join([json.dumps({"video": "b.mp4"}), json.dumps({"video": "a.mp4"})]))
+    assert [it["id"] for it in list_items(src, "p")] == ["b.mp4", "a.mp4"]  # reordering keeps ids

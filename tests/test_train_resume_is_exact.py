@@ -1,8 +1,14 @@
-"""`sparrow train` is seeded and resumable: a run stopped and resumed ends with exactly the
-weights of an uninterrupted run; a resume with other settings is refused; export writes the
-plugin draft from the checkpoint."""
+"""`sparrow train` is seeded and resumable: a run killed with SIGKILL in the middle of saving a
+checkpoint resumes from the previous one and ends with exactly the weights of an uninterrupted
+run; a resume with other settings is refused; export writes the plugin draft from the
+checkpoint."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -19,13 +25,23 @@ def _weights(run):
     return torch.load(run / "checkpoint.pt", weights_only=False)["draft"]
 
 
-def test_stopped_and_resumed_run_equals_an_uninterrupted_one(small_capture, workdir):
+def _train_killed(cfg, kill_at: str) -> subprocess.CompletedProcess:
+    code = ("import json, sys; from vllm_sparrow.training.train import TrainConfig, train; "
+            "train(TrainConfig(**json.loads(sys.argv[1])), progress=False)")
+    env = {**os.environ, "SPARROW_KILL_AT_WRITE": kill_at}
+    return subprocess.run([sys.executable, "-c", code, json.dumps(asdict(cfg))], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_run_killed_while_saving_resumes_and_equals_an_uninterrupted_one(small_capture, workdir):
     straight, resumed = workdir / "run-straight", workdir / "run-resumed"
     train(_cfg(small_capture, straight, 9), progress=False)
-    train(_cfg(small_capture, resumed, 6), progress=False)  # "stopped" after its step-6 checkpoint
+    killed = _train_killed(_cfg(small_capture, resumed, 9), "2:checkpoint")  # half of the step-6 save
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert torch.load(resumed / "checkpoint.pt", weights_only=False)["step"] == 3  # the old one, whole
     train(_cfg(small_capture, resumed, 9), progress=False)
     logged = [json.loads(x) for x in (resumed / "log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in logged if "loss" in r] == [3, 6, 9], "the second run must continue at 6"
+    assert [r["step"] for r in logged if "loss" in r] == [3, 6, 9], "resumed at 3; rows past it redone once"
     a, b = _weights(straight), _weights(resumed)
     assert a.keys() == b.keys()
     for key in a:

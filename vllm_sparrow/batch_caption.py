@@ -1,9 +1,11 @@
 """Offline batch captioning with vLLM's `LLM` (Sparrow on when a draft is given).
 
-Input: a folder of videos or a JSONL of {"video": path, "prompt"?: str, "id"?: str}. Output:
-a JSONL with one row per item, {"id", "video", "caption", "prompt_tokens", "output_tokens"}
-or {"id", "video", "error"}. Rows are appended as each chunk finishes, so an interrupted run
-keeps what it finished and a rerun skips every id already in the output (error rows included:
+Input: a folder of videos (id: the file name) or a JSONL of {"video": path, "prompt"?: str,
+"id"?: str} (id: the video path as written, unless given; ids must be unique, so an edited or
+reordered input never shifts them). Output: a JSONL with one row per item, {"id", "video",
+"caption", "prompt_tokens", "output_tokens"} or {"id", "video", "error"}. Each row is appended
+durably (durable.py) as its chunk finishes: after a kill -9 at any moment, a rerun cuts a torn
+last row, redoes that item and skips every id already in the output (error rows included:
 delete them to retry). One bad item becomes its error row; the rest of its chunk still runs.
 """
 
@@ -11,9 +13,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .durable import append_jsonl, read_jsonl
 
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mkv", ".mov", ".avi")
 
@@ -50,22 +55,36 @@ class CaptionReport:
                 f"mean acceptance length {acc}")
 
 
+class DuplicateIds(ValueError):
+    pass
+
+
 def list_items(inputs: str | Path, prompt: str) -> list[dict]:
+    """The job's items in input order; raises DuplicateIds (naming the lines) when two share an id."""
     src = Path(inputs)
     if src.is_dir():
         return [{"id": p.name, "video": str(p), "prompt": prompt}
                 for p in sorted(src.iterdir()) if p.suffix.lower() in VIDEO_SUFFIXES]
-    items = []
-    for n, line in enumerate(src.read_text().splitlines()):
+    items, lines = [], defaultdict(list)
+    for n, line in enumerate(src.read_text().splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("video"), str):
+                raise TypeError("not a JSON object with a 'video' path")
             video = str((src.parent / row["video"]) if not Path(row["video"]).is_absolute() else row["video"])
-            items.append({"id": str(row.get("id", n)), "video": video, "prompt": row.get("prompt") or prompt})
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            items.append({"id": str(n), "video": None, "prompt": prompt,
-                          "error": f"line {n + 1}: not a JSON object with a 'video' path ({e})"})
+            item = {"id": str(row.get("id", row["video"])), "video": video, "prompt": row.get("prompt") or prompt}
+        except (json.JSONDecodeError, TypeError) as e:
+            item = {"id": f"line {n}", "video": None, "prompt": prompt,
+                    "error": f"line {n}: not a JSON object with a 'video' path ({e})"}
+        lines[item["id"]].append(n)
+        items.append(item)
+    dup = {i: ns for i, ns in lines.items() if len(ns) > 1}
+    if dup:
+        shown = "; ".join(f"id {i!r} on lines {', '.join(map(str, ns))}" for i, ns in list(dup.items())[:5])
+        raise DuplicateIds(f"{src}: ids must be unique (resume skips by id): {shown}"
+                           f"{' ...' if len(dup) > 5 else ''}. Give each row its own \"id\".")
     return items
 
 
@@ -74,8 +93,8 @@ def caption_batch(job: CaptionJob, llm=None, progress: bool = True) -> CaptionRe
     from vllm import SamplingParams
 
     out = Path(job.out)
+    items = list_items(job.inputs, job.prompt)  # bad input fails before any engine starts
     done_ids = _done_ids(out)
-    items = list_items(job.inputs, job.prompt)
     todo = [it for it in items if it["id"] not in done_ids]
     skipped = len(items) - len(todo)
     if job.limit is not None:
@@ -88,9 +107,8 @@ def caption_batch(job: CaptionJob, llm=None, progress: bool = True) -> CaptionRe
     bar = tqdm(total=len(todo), desc="caption", unit="video", disable=not progress)
     for lo in range(0, len(todo), job.chunk):
         rows = _run_chunk(llm, todo[lo : lo + job.chunk], job, params, templater)
-        with out.open("a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+        for row in rows:
+            append_jsonl(out, row)
         n_err += sum("error" in r for r in rows)
         n_done += sum("caption" in r for r in rows)
         n_tok += sum(r.get("output_tokens", 0) for r in rows)
@@ -143,15 +161,8 @@ def _one(llm, request, params):
 
 
 def _done_ids(out: Path) -> set[str]:
-    if not out.is_file():
-        return set()
-    ids = set()
-    for line in out.read_text().splitlines():
-        try:
-            ids.add(str(json.loads(line)["id"]))
-        except (json.JSONDecodeError, KeyError):
-            continue  # a line cut by an interruption: that item runs again
-    return ids
+    """Ids already in the output; a row torn by a kill is cut off (its item runs again)."""
+    return {str(row["id"]) for row in read_jsonl(out) if "id" in row}
 
 
 def _templater(target: str):

@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from .durable import atomic_save_safetensors
 
 from .config import DraftConfigError, SparrowConfig
 from .model import SparrowDraftModel
@@ -18,9 +20,9 @@ WEIGHTS_FILE = "model.safetensors"
 def save_draft(model: SparrowDraftModel, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.cfg.save(out)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    atomic_save_safetensors(out / WEIGHTS_FILE, state, metadata={"format": "pt"})
+    model.cfg.save(out)  # last: a directory with a config.json holds whole weights
     return out
 
 

@@ -1,4 +1,4 @@
-"""The `sparrow` command: init-draft, capture, probe-layers, train, export, demo, bench."""
+"""The `sparrow` command: init-draft, capture, probe-layers, train, export, caption, demo, bench."""
 
 from __future__ import annotations
 
@@ -73,6 +73,23 @@ def _export(args) -> int:
     from .training.export import export_run
 
     print(f"exported {export_run(args.run, args.out, draft_vocab=args.draft_vocab)}")
+    return 0
+
+
+def _caption(args) -> int:
+    import json
+
+    from .batch_caption import CaptionJob, DuplicateIds, caption_batch
+
+    try:
+        report = caption_batch(CaptionJob(
+            inputs=args.inputs, out=args.out, target=args.target, draft=args.draft, num_speculative_tokens=args.k,
+            prompt=args.prompt, num_frames=args.frames, max_tokens=args.max_tokens, chunk=args.chunk,
+            engine_args=json.loads(args.engine_args)))
+    except DuplicateIds as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(report.summary())
     return 0
 
 
@@ -200,6 +217,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="also write a reduced draft vocabulary: the N most frequent text tokens of the "
                         "run's training capture (the draft proposes only those; lossless either way)")
     e.set_defaults(fn=_export)
+    cap = sub.add_parser("caption", help="caption a folder or JSONL of videos (resumable, one JSONL row each)")
+    cap.add_argument("--target", required=True)
+    cap.add_argument("--draft", default=None, help="Sparrow draft directory (omit: no speculation)")
+    cap.add_argument("--k", type=int, default=3, help="speculative tokens per step")
+    cap.add_argument("--inputs", required=True, help="folder of videos or JSONL of {video, prompt?, id?}")
+    cap.add_argument("--out", required=True, help="output JSONL; rerun the same command to resume")
+    cap.add_argument("--prompt", default="Describe this video in detail.")
+    cap.add_argument("--frames", type=int, default=16)
+    cap.add_argument("--max-tokens", type=int, default=256)
+    cap.add_argument("--chunk", type=int, default=8, help="requests handed to vLLM at once")
+    cap.add_argument("--engine-args", default="{}",
+                     help='extra LLM(...) arguments as JSON, e.g. {"max_model_len": 32768}')
+    cap.set_defaults(fn=_caption)
     d = sub.add_parser("demo", help="the demo models: run (default), build, samples, card")
     d.add_argument("action", nargs="?", default="run", choices=("run", "build", "samples", "card"))
     d.add_argument("--bench", default=None, help="card: benchmark folder whose results go into the card")

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .durable import atomic_write_text
+
 SPECULATORS_MODEL_TYPE = "sparrow"
 DRAFT_ARCHITECTURE = "SparrowDraftModel"
 CONFIG_FILE = "config.json"
@@ -149,7 +151,7 @@ class SparrowConfig:
 
     def save(self, draft_dir: str | Path) -> Path:
         path = Path(draft_dir) / CONFIG_FILE
-        path.write_text(json.dumps(self.to_json_dict(), indent=2) + "\n")
+        atomic_write_text(path, json.dumps(self.to_json_dict(), indent=2) + "\n")
         return path
 
     @classmethod

@@ -105,6 +105,19 @@ def _set_entry(name: str, mapping: dict, key: str, value: Any) -> None:
     mapping[key] = value
 
 
+def revert_patches() -> None:
+    """Undo every recorded patch, newest first (a failed apply_patches leaves vLLM as it was)."""
+    for patch in reversed(list(APPLIED.values())):
+        if isinstance(patch.owner, dict):
+            if patch.original is None:
+                patch.owner.pop(patch.attr, None)
+            else:
+                patch.owner[patch.attr] = patch.original
+        else:
+            setattr(patch.owner, patch.attr, patch.original)
+    APPLIED.clear()
+
+
 def apply_patches() -> None:
     if APPLIED:
         return  # idempotent: the plugin entry point runs in every vLLM process
@@ -120,13 +133,25 @@ def apply_patches() -> None:
     _patch_runner_release()
     _register_speculators_algo()
     _register_draft_architecture()
-    _patch_cpu_kernel_overrides()
-    _patch_cpu_expand_kernel()
-    _patch_llava_ov_video_lengths()
-    _register_pyav_video_codec()
-    _patch_video_codec_fallback()
-    _patch_chat_empty_prompt()
+    off = _disabled_fixes()
+    for name, apply in GENERAL_FIXES.items():
+        if name in off or (name == "video-codec-fallback" and "pyav-video-codec" in off):
+            logger.info("vllm-sparrow: general vLLM fix %s turned off by SPARROW_DISABLE_PATCHES", name)
+        else:
+            apply()
     logger.info("vllm-sparrow: %d vLLM patches applied: %s", len(APPLIED), ", ".join(APPLIED))
+
+
+def _disabled_fixes() -> set[str]:
+    """Names in SPARROW_DISABLE_PATCHES (comma separated) of general fixes to leave out."""
+    import os
+
+    names = {n.strip() for n in os.environ.get("SPARROW_DISABLE_PATCHES", "").split(",") if n.strip()}
+    for name in sorted(names - set(GENERAL_FIXES)):
+        logger.warning("vllm-sparrow: SPARROW_DISABLE_PATCHES names %r, which is %s; the fixes that can be "
+                       "turned off are: %s", name, "needed by the sparrow method" if name in SPARROW_PATCHES
+                       else "no patch", ", ".join(GENERAL_FIXES))
+    return names & set(GENERAL_FIXES)
 
 
 # ---- config ----------------------------------------------------------------------------
@@ -419,3 +444,19 @@ def _has_content(message) -> bool:
         if kind != "text" or (text or "").strip():
             return True
     return False
+
+
+# Sparrow's own patches: the method cannot work without them.
+SPARROW_PATCHES = ("speculative-method-literal", "speculative-post-init", "use-eagle", "async-scheduling-method",
+                   "v2-runner-fallback", "eagle-proposer-new", "runner-release-requests", "speculators-algo",
+                   "draft-architecture")
+# General vLLM fixes and additions carried here, each of which SPARROW_DISABLE_PATCHES=name can
+# turn off (turning off pyav-video-codec also turns off video-codec-fallback, which uses it).
+GENERAL_FIXES = {
+    "cpu-kernel-overrides-once": _patch_cpu_kernel_overrides,
+    "cpu-expand-kernel-dtype": _patch_cpu_expand_kernel,
+    "llava-ov-mixed-video-lengths": _patch_llava_ov_video_lengths,
+    "pyav-video-codec": _register_pyav_video_codec,
+    "video-codec-fallback": _patch_video_codec_fallback,
+    "chat-empty-prompt": _patch_chat_empty_prompt,
+}

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from ..durable import atomic_save, atomic_write_json, atomic_write_text
 from .config import BenchConfig
 
 COLUMNS = ("method", "visual tokens", "batch", "accept len", "accept (no bonus)", "per position", "draft ms/step",
@@ -33,15 +33,15 @@ def table(records: list[dict]) -> str:
 
 def write_reports(out: Path, records: list[dict], cfg: BenchConfig, env: dict) -> None:
     slim = [{k: v for k, v in r.items() if k != "output_token_ids"} for r in records]
-    (out / "results.json").write_text(json.dumps({"environment": env, "settings": cfg.settings(),
-                                                  "records": slim}, indent=1))
+    atomic_write_json(out / "results.json", {"environment": env, "settings": cfg.settings(), "records": slim})
     where = env["gpu"] or f"CPU only ({env['cpu_count']} cores, {env['cpu']})"
-    sizes = ", ".join(map(str, cfg.batch_sizes))
+    batched = [b for b in cfg.batch_sizes if b > 1]
+    together = (f"; batch sizes {', '.join(map(str, batched))}: that many clips submitted together "
+                "(aggregate decode tok/s)") if batched else ""
     head = (f"Measured {env['date']} on {where}; vLLM {env['vllm']}, torch {env['torch']}; "
             f"K={cfg.num_speculative_tokens}, greedy, {cfg.max_tokens} new tokens at most; batch size 1: "
-            f"{cfg.clips_per_length} clip(s) per length one after another; batch sizes {sizes}: that many clips "
-            "submitted together (aggregate decode tok/s).\n\n")
-    (out / "table.md").write_text(head + table(records))
+            f"{cfg.clips_per_length} clip(s) per length one after another{together}.\n\n")
+    atomic_write_text(out / "table.md", head + table(records))
     plot(records, out / "plot.png", where)
     print(f"[bench] wrote {out / 'results.json'}, {out / 'table.md'}, {out / 'plot.png'}", flush=True)
 
@@ -85,5 +85,5 @@ def plot(records: list[dict], path: Path, where: str) -> None:
         ax.legend(fontsize=7)
     fig.suptitle(f"vllm-sparrow long-video benchmark ({where})", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)

@@ -16,6 +16,7 @@ import platform
 import time
 from pathlib import Path
 
+from ..durable import append_jsonl, atomic_write_text, read_jsonl
 from .clips import Clip, eval_clips
 from .config import BenchConfig
 from .engines import close_engine, draft_timer, eagle_cache_bytes, generate_one, open_engine
@@ -51,8 +52,7 @@ def run_bench(cfg: BenchConfig) -> list[dict]:
                 else:
                     rec = measure_batch(llm, method, n, clips[n][:b], prompt, tok, cfg)
                 done[(method, n, b)] = rec
-                with open(out / "records.jsonl", "a") as f:
-                    f.write(json.dumps(rec) + "\n")
+                append_jsonl(out / "records.jsonl", rec)  # durable: a kill loses at most this cell
                 print(f"[bench {len(done)}/{total}] {_line(rec)}", flush=True)
         finally:
             close_engine(llm)
@@ -198,14 +198,11 @@ def _load_records(path: Path, cfg: BenchConfig) -> dict:
     settings = json.dumps(cfg.settings(), sort_keys=True)
     if settings_file.exists() and settings_file.read_text() != settings:
         raise SystemExit(f"{path.parent} holds a run with other settings; pick another --out or delete it")
-    settings_file.write_text(settings)
+    atomic_write_text(settings_file, settings)
     done = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                r.setdefault("batch", 1)
-                done[(r["method"], r["visual_tokens"], r["batch"])] = r
+    for r in read_jsonl(path):  # a record torn by a kill is cut off and measured again
+        r.setdefault("batch", 1)
+        done[(r["method"], r["visual_tokens"], r["batch"])] = r
     return done
 
 

@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..durable import atomic_write_json, atomic_write_text, read_jsonl
 from .train_target import TargetTrainConfig, train_target
 
 DRAFT_SEED0 = 20_000_000  # drafts' training clips; target eval uses 10M+, benchmarks 30M+
@@ -81,7 +82,7 @@ def build(cfg: DemoBuildConfig) -> dict[str, Path]:
         _, record[f"ablation {name}_heldout_replay"] = _train_draft(
             cfg, "sparrow", capture_dir, run, out / "ablations" / name, **change)
         record["seconds"][f"ablation {name}"] = _stage_seconds(run, t)
-    (out / "build.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    atomic_write_json(out / "build.json", record)
     return {"target": target, **drafts}
 
 
@@ -90,12 +91,12 @@ def _stage_seconds(folder: Path, started: float) -> float:
     in the stage's folder, so a redone stage starts from zero and a skipped one adds ~nothing."""
     path = folder / "build_seconds.txt"
     total = (float(path.read_text()) if path.exists() else 0.0) + time.perf_counter() - started
-    path.write_text(f"{total:.1f}\n")
+    atomic_write_text(path, f"{total:.1f}\n")
     return total
 
 
 def _target_seconds(state_dir: Path) -> float:
-    log = [json.loads(x) for x in (state_dir / "train_log.jsonl").read_text().splitlines() if x.strip()]
+    log = read_jsonl(state_dir / "train_log.jsonl")
     return 60 * log[-1]["minutes"]
 
 
@@ -131,7 +132,7 @@ def write_clips(folder: Path, clips: dict[int, int], seed0: int = DRAFT_SEED0) -
             rows.append({"video": name, "prompt": PROMPT_TEXT})
             seed += 1
     data = folder / "data.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    atomic_write_text(data, "".join(json.dumps(r) + "\n" for r in rows))
     return data
 
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..bench.report import table
+from ..durable import atomic_write_text, read_jsonl
 
 
 def _params(folder: Path) -> int:
@@ -48,7 +49,7 @@ def target_accuracy(target: Path) -> dict:
 
 def write_card(models: Path, work: Path, bench: Path | None) -> Path:
     build = json.loads((models / "build.json").read_text())
-    log = [json.loads(x) for x in (work / "target" / "train_log.jsonl").read_text().splitlines() if x.strip()]
+    log = read_jsonl(work / "target" / "train_log.jsonl")
     evals = [r for r in log if "acc" in r]
     last = evals[-1]
     cfg = build["config"]
@@ -124,5 +125,5 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
                   f"vLLM {env['vllm']}; held-out scenes; `caption words` = 1 - word edit distance / true caption length; "
                   "`objects P/R` = precision/recall of the named (colour, shape) pairs.", "", table(res["records"])]
     path = models / "README.md"
-    path.write_text("\n".join(lines) + "\n")
+    atomic_write_text(path, "\n".join(lines) + "\n")
     return path

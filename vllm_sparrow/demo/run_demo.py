@@ -11,6 +11,8 @@ import json
 import time
 from pathlib import Path
 
+from ..durable import atomic_write_json
+
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "models" / "world"
 SAMPLES = REPO / "examples" / "videos"
@@ -101,4 +103,4 @@ def write_samples(folder: Path = SAMPLES, seconds=(32, 96, 384), seed0: int = 40
         write_scene(scene, folder / name)
         rows.append({"file": name, "seconds": s, "visual_tokens": cfg.visual_tokens_qwen25vl(),
                      "caption": caption(scene), "seed": seed0 + i})
-    (folder / "samples.json").write_text(json.dumps(rows, indent=1) + "\n")
+    atomic_write_json(folder / "samples.json", rows)

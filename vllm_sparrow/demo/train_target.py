@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..durable import append_jsonl, atomic_torch_save
 from ..world import WorldConfig
 from .target_data import CATEGORIES, WorldBatches, blank_like, word_hits
 from .vision_aux import VisionHeads, VisualTokenTap
@@ -152,7 +153,6 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
             return out
     rng = np.random.default_rng()
     rng.bit_generator.state = state["rng"]
-    log = open(state_dir / "train_log.jsonl", "a")
     held_out = [data.sample(EVAL_SEED0 + i, WorldConfig(duration_s=16)) for i in range(cfg.eval_scenes)]
     held_out_long = [data.sample(EVAL_SEED0 + i, WorldConfig(duration_s=LONG_EVAL_SECONDS))
                      for i in range(LONG_EVAL_SCENES)]
@@ -173,7 +173,7 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
             rec = dict(step=step, minutes=round(elapsed / 60, 2), train_loss_ema=ema,
                        stage="extension" if extending else "main",
                        **evaluate(model, data, held_out, cfg.batch_size, held_out_long, heads))
-            log.write(json.dumps(rec) + "\n"); log.flush()
+            append_jsonl(state_dir / "train_log.jsonl", rec)
             print(_eval_line(rec), flush=True)
             if elapsed >= budget:
                 break
@@ -336,7 +336,5 @@ def _cosine(peak: float, step: int, warmup: int, frac: float) -> float:
 
 
 def _save(model, heads: VisionHeads, opt, state, cfg: TargetTrainConfig, out: Path) -> None:
-    tmp = out / "train_state.pt.tmp"
-    torch.save(dict(model=model.state_dict(), heads=heads.state_dict(), opt=opt.state_dict(), state=state,
-                    config=asdict(cfg)), tmp)
-    tmp.replace(out / "train_state.pt")  # atomic: a kill mid-save keeps the last checkpoint
+    atomic_torch_save(out / "train_state.pt", dict(  # a kill mid-save keeps the last checkpoint
+        model=model.state_dict(), heads=heads.state_dict(), opt=opt.state_dict(), state=state, config=asdict(cfg)))

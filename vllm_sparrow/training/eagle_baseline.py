@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
+from ..durable import atomic_save_safetensors, atomic_write_json
 from ..model import RMSNorm, rotary
 
 
@@ -87,10 +88,10 @@ class EagleBaselineDraft(nn.Module):
     def save(self, out_dir: str | Path) -> Path:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(self.cfg.to_hf(), indent=1))
         state = {f"{self._NAMES[k.split('.')[0]]}.weight": v.detach().contiguous().cpu()
                  for k, v in self.state_dict().items()}
-        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+        atomic_save_safetensors(out / "model.safetensors", state, metadata={"format": "pt"})
+        atomic_write_json(out / "config.json", self.cfg.to_hf())  # last: its config means whole weights
         return out
 
     @classmethod

@@ -22,7 +22,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, draft_vocab: int | None
         raise FileNotFoundError(f"{run}: no checkpoint.pt yet; train for at least --save-every steps")
     cfg = json.loads((run / "train_config.json").read_text())
     init = Path(cfg["init"]) if cfg.get("init") else run / "init"
-    weights = torch.load(ckpt_path, weights_only=False)["draft"]
+    weights = torch.load(ckpt_path, weights_only=False, map_location="cpu")["draft"]
     if cfg.get("draft_kind") == "eagle":
         if draft_vocab is not None:
             raise ValueError("--draft-vocab is for Sparrow drafts; vLLM's eagle method reads the full vocabulary")

@@ -12,14 +12,14 @@ samples, which the next run redoes. Memory stays bounded by one shard.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+
+from ..durable import atomic_save_safetensors, atomic_write_json
 
 MANIFEST = "manifest.json"
 
@@ -50,9 +50,7 @@ def load_manifest(out_dir: Path) -> Manifest | None:
 
 
 def save_manifest(out_dir: Path, manifest: Manifest) -> None:
-    tmp = out_dir / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(vars(manifest), indent=1))
-    os.replace(tmp, out_dir / MANIFEST)
+    atomic_write_json(out_dir / MANIFEST, vars(manifest))
 
 
 def open_manifest(out_dir: Path, settings: dict[str, Any]) -> Manifest:
@@ -89,7 +87,7 @@ class ShardWriter:
         if self.buffer:
             name = f"shard-{len(self.manifest.shards):05d}.safetensors"
             flat = {f"{i}/{k}": v for i, t in self.buffer.items() for k, v in t.items()}
-            save_file(flat, str(self.out_dir / name))
+            atomic_save_safetensors(self.out_dir / name, flat)  # whole, then listed in the manifest
             self.manifest.shards.append({"file": name, "samples": sorted(self.buffer)})
             self.buffer = {}
         save_manifest(self.out_dir, self.manifest)  # also records skips made since the last shard

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import init_draft, load_draft, save_draft
+from ..durable import append_jsonl, atomic_torch_save, atomic_write_json, atomic_write_text, read_jsonl
 from .acceptance import AcceptanceEstimate, estimate_acceptance, estimate_acceptance_full_stream
 from .eagle_baseline import EagleBaselineDraft, full_stream, init_eagle_baseline
 from .ivsb import VisualBridge, pick_visual, visual_keys, visual_text_positions
@@ -128,20 +129,24 @@ def _loop(cfg, out, reader, train_idx, val_idx, draft, io, bridge, opt, state, r
             _log(out, rank, {"step": step, "loss": last_loss, "top1": top1})
             window = {"loss": 0.0, "correct": 0, "scored": 0, "n": 0}
         if rank == 0 and (step % cfg.save_every == 0 or step == cfg.steps):
-            torch.save({"step": step, "draft": draft.state_dict(), "bridge": bridge.state_dict(),
-                        "opt": opt.state_dict(), "generator": gen.get_state(), "order": order},
-                       out / "checkpoint.pt")
+            atomic_torch_save(out / "checkpoint.pt", {  # a kill mid-save keeps the previous one
+                "step": step, "draft": draft.state_dict(), "bridge": bridge.state_dict(),
+                "opt": opt.state_dict(), "generator": gen.get_state(), "order": order})
         if cfg.val_every and step % cfg.val_every == 0 and step < cfg.steps and rank == 0:
             _validate(cfg, out, reader, val_idx, draft, io, step)
         bar.update(1)
     bar.close()
-    acceptance = _validate(cfg, out, reader, val_idx, draft, io, step) if rank == 0 else None
     draft_dir = out / "draft"
-    if rank == 0:
+    acceptance = None
+    if rank == 0:  # export first: a validation that fails (a damaged shard) must not cost the draft
         if cfg.draft_kind == "eagle":
             draft.save(draft_dir)
         else:
             save_draft(draft, draft_dir)
+        try:
+            acceptance = _validate(cfg, out, reader, val_idx, draft, io, step)
+        except (OSError, ValueError, RuntimeError) as e:
+            log.warning("final validation failed (%s); the draft was exported to %s", e, draft_dir)
     return TrainResult(step, last_loss, top1, acceptance, draft_dir)
 
 
@@ -245,12 +250,21 @@ def _resume(out: Path, draft, bridge, opt) -> dict:
     path = out / "checkpoint.pt"
     if not path.is_file():
         return {}
-    ckpt = torch.load(path, weights_only=False)
+    ckpt = torch.load(path, weights_only=False, map_location="cpu")  # resumable on another device
     draft.load_state_dict(ckpt["draft"])
     bridge.load_state_dict(ckpt["bridge"])
     opt.load_state_dict(ckpt["opt"])
     log.info("resuming %s at step %d", out, ckpt["step"])
+    _trim_log(out / "log.jsonl", ckpt["step"])
     return ckpt
+
+
+def _trim_log(path: Path, step: int) -> None:
+    """Drop log rows past the checkpoint a killed run resumes from: they are redone."""
+    rows = read_jsonl(path)
+    keep = [r for r in rows if r.get("step", 0) <= step]
+    if len(keep) != len(rows):
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
 def settings_changed(out: Path, cfg: TrainConfig) -> list[str]:
@@ -272,7 +286,7 @@ def _check_config(out: Path, cfg: TrainConfig, rank: int) -> None:
         raise ValueError(f"{out} is a run with other settings ({', '.join(diff)}); use a new "
                          "--out, or the same settings to resume (only --steps may grow)")
     if rank == 0 and not (out / "train_config.json").is_file():
-        (out / "train_config.json").write_text(json.dumps(_resumable_settings(cfg), indent=1))
+        atomic_write_json(out / "train_config.json", _resumable_settings(cfg))
 
 
 def _set_lr(opt, cfg: TrainConfig, step: int) -> None:
@@ -283,8 +297,7 @@ def _set_lr(opt, cfg: TrainConfig, step: int) -> None:
 
 def _log(out: Path, rank: int, row: dict) -> None:
     if rank == 0:
-        with (out / "log.jsonl").open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_jsonl(out / "log.jsonl", row)
 
 
 def _dist_init() -> tuple[int, int]:

@@ -1,0 +1,72 @@
+"""Installing vllm-sparrow never stops vLLM from starting: on another vLLM version the plugin logs
+one line and registers nothing (plain vLLM serves; `sparrow` is refused as an unknown method); a
+patch that fails to apply is undone with the rest; each general vLLM fix can be turned off by
+name. Each case runs in a fresh process (the plugin patches once per process)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+
+def _run(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_on_another_vllm_version_plain_vllm_runs_and_sparrow_is_refused(target_dirs):
+    done = _run(f"""
+        import vllm
+        vllm.__version__ = "0.99.0"
+        from vllm import LLM, SamplingParams
+        llm = LLM(model={str(target_dirs("llama"))!r}, enforce_eager=True, dtype="float32", max_model_len=256)
+        out = llm.generate(["hello"], SamplingParams(max_tokens=4, temperature=0.0))[0]
+        print("GENERATED", len(out.outputs[0].token_ids))
+        from vllm_sparrow import patches
+        print("APPLIED", len(patches.APPLIED))
+        try:
+            vllm.config.SpeculativeConfig(method="sparrow", model="x", num_speculative_tokens=3)
+        except Exception as e:
+            print("REFUSED", type(e).__name__)
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "GENERATED 4" in done.stdout and "APPLIED 0" in done.stdout and "REFUSED" in done.stdout
+    log = done.stdout + done.stderr
+    assert "vllm-sparrow supports vLLM 0.32.0 only, found 0.99.0" in log
+    assert "sparrow speculative method is not registered" in log
+
+
+def test_a_patch_that_fails_is_undone_with_the_others():
+    done = _run("""
+        from vllm_sparrow import patches
+        from vllm.config import SpeculativeConfig
+        before = SpeculativeConfig.use_eagle
+
+        def boom():
+            raise AttributeError("vLLM moved something")
+
+        patches.GENERAL_FIXES["chat-empty-prompt"] = boom
+        from vllm_sparrow.plugin import register
+        register()
+        print("APPLIED", len(patches.APPLIED), "RESTORED", SpeculativeConfig.use_eagle is before)
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "APPLIED 0 RESTORED True" in done.stdout
+    assert "could not patch this vLLM (AttributeError: vLLM moved something)" in done.stdout + done.stderr
+
+
+def test_general_fixes_can_be_turned_off_by_name_and_sparrow_patches_cannot():
+    done = _run("""
+        from vllm_sparrow import patches
+        from vllm_sparrow.plugin import register
+        register()
+        print("APPLIED", sorted(patches.APPLIED))
+    """, SPARROW_DISABLE_PATCHES="chat-empty-prompt,pyav-video-codec,use-eagle,bogus")
+    assert done.returncode == 0, done.stderr[-3000:]
+    applied = done.stdout.split("APPLIED", 1)[1]
+    for off in ("chat-empty-prompt", "pyav-video-codec", "video-codec-fallback"):
+        assert f"'{off}'" not in applied, off
+    assert "'use-eagle'" in applied and "'llava-ov-mixed-video-lengths'" in applied
+    log = done.stdout + done.stderr
+    assert "names 'use-eagle', which is needed by the sparrow method" in log
+    assert "names 'bogus', which is no patch" in log

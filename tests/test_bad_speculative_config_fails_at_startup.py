@@ -76,3 +76,31 @@ def test_draft_cache_that_cannot_fit_is_refused_at_startup(qwen, tmp_path):
     _edit_config(draft, lambda cfg: cfg.update(window_tokens=100_000_000))
     with pytest.raises(Exception, match=r"draft cache needs .* GiB .*Lower max_num_seqs, or lower window_tokens"):
         make_llm(qwen, speculative_config=_spec(draft))
+
+
+def test_draft_made_for_other_target_weights_is_refused_unless_allowed(qwen, tmp_path, monkeypatch):
+    """Same architecture, sizes and vocabulary, other weights (a fine-tune, a retrained target):
+    every draft would be rejected, so start-up refuses it, naming the override."""
+    from safetensors.torch import load_file, save_file
+
+    retrained = tmp_path / "retrained-target"
+    shutil.copytree(qwen, retrained)
+    weights = load_file(retrained / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name] = weights[name] + 1.0
+    save_file(weights, retrained / "model.safetensors", metadata={"format": "pt"})
+    draft = init_draft(qwen, tmp_path / "d")  # records the original target's fingerprint
+    with pytest.raises(Exception, match="made for another verifier.*fingerprint.*SPARROW_ALLOW_OTHER_VERIFIER=1"):
+        make_llm(retrained, speculative_config=_spec(draft))
+    monkeypatch.setenv("SPARROW_ALLOW_OTHER_VERIFIER", "1")
+    from conftest import close_llm
+
+    close_llm(make_llm(retrained, speculative_config=_spec(draft)))  # the user's explicit choice
+
+
+def test_draft_made_for_another_architecture_is_refused(qwen, target_dirs, tmp_path):
+    draft = init_draft(qwen, tmp_path / "d")
+    _edit_config(draft, lambda cfg: cfg["speculators_config"]["verifier"].update(
+        architectures=["Qwen2VLForConditionalGeneration"], weights_fingerprint=None))
+    with pytest.raises(Exception, match="architecture Qwen2VLForConditionalGeneration.*this target: Qwen2_5_VL"):
+        make_llm(qwen, speculative_config=_spec(draft))

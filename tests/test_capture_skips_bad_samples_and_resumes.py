@@ -134,7 +134,7 @@ def test_weights_fingerprint_of_a_large_checkpoint_follows_its_content(tmp_path)
     every capture start): a retrained file (new bytes throughout) changes it, a copy does not."""
     import numpy as np
 
-    from vllm_sparrow.training.capture import weights_fingerprint
+    from vllm_sparrow.fingerprint import weights_fingerprint
 
     rng = np.random.default_rng(0)
     for name in ("a", "copy", "retrained"):

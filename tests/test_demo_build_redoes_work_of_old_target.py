@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import save_file
 
 from vllm_sparrow.demo.build import _forget_work_of_other_targets
-from vllm_sparrow.training.capture import weights_fingerprint
+from vllm_sparrow.fingerprint import weights_fingerprint
 from vllm_sparrow.training.shards import Manifest, save_manifest
 
 

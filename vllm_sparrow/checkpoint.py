@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
 
-from .durable import atomic_save_safetensors
-
 from .config import DraftConfigError, SparrowConfig
+from .durable import atomic_save_safetensors
+from .fingerprint import weights_fingerprint
 from .model import SparrowDraftModel
 from .targets import UnsupportedTargetError, target_spec
 
@@ -64,7 +65,29 @@ def validate_draft_for_target(draft_dir: str | None, target_hf_config_or_model_c
             f"Sparrow draft {str(draft_dir)!r} has vocabulary size {cfg.vocab_size}, but the target "
             f"has {target.vocab_size}. Draft and target must share a vocabulary."
         )
+    _check_verifier(cfg, str(draft_dir), target, getattr(target_hf_config_or_model_config, "model", None))
     return cfg
+
+
+def _check_verifier(cfg: SparrowConfig, draft_dir: str, target, target_path: str | None) -> None:
+    """Refuse a draft made for another verifier (same sizes, other model: its drafts would all be
+    rejected), as far as its config records: architecture, depth, weights fingerprint."""
+    if os.environ.get("SPARROW_ALLOW_OTHER_VERIFIER") == "1":
+        return
+    diffs = []
+    if cfg.verifier_architecture and cfg.verifier_architecture != target.architecture:
+        diffs.append(f"architecture {cfg.verifier_architecture} (this target: {target.architecture})")
+    if cfg.verifier_num_layers and cfg.verifier_num_layers != target.num_layers:
+        diffs.append(f"{cfg.verifier_num_layers} layers (this target: {target.num_layers})")
+    if cfg.verifier_weights and target_path:
+        found = weights_fingerprint(target_path)
+        if found is not None and found != cfg.verifier_weights:
+            diffs.append(f"weights with fingerprint {cfg.verifier_weights} (this target's: {found})")
+    if diffs:
+        raise DraftConfigError(
+            f"Sparrow draft {draft_dir!r} was made for another verifier ({cfg.verifier_name_or_path or 'unnamed'}): "
+            f"{'; '.join(diffs)}. Its drafts would be rejected. Use a draft trained for this target "
+            "(`sparrow capture` + `sparrow train`), or set SPARROW_ALLOW_OTHER_VERIFIER=1 to serve it anyway.")
 
 
 def init_draft(target_dir: str | Path, out_dir: str | Path, *, anchor_tokens: int = 4,
@@ -90,6 +113,8 @@ def init_draft(target_dir: str | Path, out_dir: str | Path, *, anchor_tokens: in
         ivsb_layer=ivsb_layer if ivsb_layer is not None else (2 * spec.num_layers) // 3,
         verifier_name_or_path=str(target_dir),
         verifier_architecture=spec.architecture,
+        verifier_num_layers=spec.num_layers,
+        verifier_weights=weights_fingerprint(target_dir),
         speculative_tokens=speculative_tokens,
     )
     torch.manual_seed(seed)

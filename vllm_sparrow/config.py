@@ -56,6 +56,8 @@ class SparrowConfig:
     # The verifier this draft was made for, and the default number of drafted tokens.
     verifier_name_or_path: str = ""
     verifier_architecture: str = ""
+    verifier_num_layers: int | None = None
+    verifier_weights: str | None = None  # fingerprint.weights_fingerprint of the verifier's folder
     speculative_tokens: int = 3
 
     extra: dict[str, Any] = field(default_factory=dict)
@@ -101,6 +103,8 @@ class SparrowConfig:
                 "verifier": {
                     "name_or_path": self.verifier_name_or_path,
                     "architectures": [self.verifier_architecture],
+                    **({"num_hidden_layers": self.verifier_num_layers} if self.verifier_num_layers else {}),
+                    **({"weights_fingerprint": self.verifier_weights} if self.verifier_weights else {}),
                 },
             },
             "target_hidden_size": self.hidden_size,
@@ -140,6 +144,8 @@ class SparrowConfig:
                 has_own_lm_head=d.get("has_own_lm_head", False),
                 verifier_name_or_path=verifier.get("name_or_path", ""),
                 verifier_architecture=(verifier.get("architectures") or [""])[0],
+                verifier_num_layers=verifier.get("num_hidden_layers"),
+                verifier_weights=verifier.get("weights_fingerprint"),
                 speculative_tokens=spec["proposal_methods"][0]["speculative_tokens"],
                 extra=d.get("sparrow_extra", {}),
             )

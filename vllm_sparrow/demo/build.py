@@ -104,7 +104,7 @@ def _forget_work_of_other_targets(work: Path, target: Path) -> None:
     """Captures and draft runs belong to one set of target weights: when the capture there was
     made by other weights (the target retrained or trained longer) or is missing, remove it and
     the draft runs so stages 3-4 redo them instead of resuming."""
-    from ..training.capture import weights_fingerprint
+    from ..fingerprint import weights_fingerprint
     from ..training.shards import load_manifest
 
     manifest = load_manifest(work / "capture") if (work / "capture").is_dir() else None

@@ -25,6 +25,8 @@ from vllm_sparrow.video import write_synthetic_clip
 
 KIND = "qwen2_5_vl"
 MAX_TOKENS = 16
+MAX_FRAMES = 600  # the server's pyav max_frames
+MAX_FRAME_PIXELS = 10_000_000  # the server's VLLM_MAX_IMAGE_PIXELS: 4K (8.3 MP) passes
 
 
 def _free_port() -> int:
@@ -58,17 +60,17 @@ def server(workdir, target_dirs, trained_drafts):
     cmd = [str(Path(sys.executable).with_name("vllm")), "serve", str(target), "--host", "127.0.0.1",
            "--port", str(port), "--enforce-eager", "--dtype", "float32", "--max-model-len", "2048",
            "--speculative-config", json.dumps(spec), "--allowed-local-media-path", str(media),
-           "--media-io-kwargs", json.dumps({"video": {"backend": "pyav", "num_frames": 8}}),
+           "--media-io-kwargs", json.dumps({"video": {"backend": "pyav", "num_frames": 8, "max_frames": MAX_FRAMES}}),
            "--limit-mm-per-prompt", json.dumps({"video": 1, "image": 1}),
            "--per-request-spec-decode-metrics", "summary"]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_MAX_IMAGE_PIXELS": str(MAX_FRAME_PIXELS)}
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc, log)
         yield dict(url=url, client=openai.OpenAI(base_url=url + "/v1", api_key="none"),
-                   model=str(target), clip=clip, target=target)
+                   model=str(target), clip=clip, target=target, pid=proc.pid)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # stop by PID (and its engine process)
         try:
@@ -178,6 +180,51 @@ def test_bad_input_gets_a_4xx_and_the_server_keeps_serving(server, case, tmp_pat
             "empty prompt": "empty prompt", "audio-only file": "no video stream", "two videos": "At most 1 video",
             "unsupported codec": "unsupported video codec"}
     assert hint[case] in str(err.value), str(err.value)
+    assert _ask(server, "still there?").choices[0].message.content is not None
+
+
+def _frames(n, width, height):
+    """n frames of a moving white square, one at a time (a 4K clip never sits in memory whole)."""
+    import numpy as np
+
+    frame = np.zeros((height, width, 3), np.uint8)
+    for t in range(n):
+        frame[:] = (7 * t) % 200
+        frame[100:400, 100 + 20 * t : 400 + 20 * t] = 255
+        yield frame
+
+
+def _peak_rss_mib(pid: int) -> float:
+    """VmHWM: the process's peak resident memory so far."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))) / 1024
+
+
+def test_a_4k_clip_is_answered_without_the_server_holding_its_frames(server, tmp_path):
+    """4 s of 3840x2160 at 30 fps (a small file of huge frames): decoding keeps only the 8 sampled
+    frames, scaled to 1 MP while decoding, so the server's peak memory grows far below 1 GiB."""
+    from vllm_sparrow.video import write_frames
+
+    clip = write_frames(tmp_path / "4k.mp4", _frames(120, 3840, 2160), fps=30)
+    before = _peak_rss_mib(server["pid"])
+    reply = _ask(server, [_video_part(_data_url(clip)), {"type": "text", "text": "describe the video"}])
+    grown = _peak_rss_mib(server["pid"]) - before
+    print(f"4K clip: the API server's peak memory grew by {grown:.0f} MiB")
+    assert reply.choices[0].message.content is not None
+    assert grown < 512, f"the API server's peak memory grew by {grown:.0f} MiB"
+
+
+@pytest.mark.parametrize("case", ["frames too large", "too many frames"])
+def test_videos_over_a_decode_limit_get_a_400_naming_it(server, tmp_path, case):
+    from vllm_sparrow.video import write_frames
+
+    if case == "frames too large":  # 4096 x 4096 = 16.8 MP > VLLM_MAX_IMAGE_PIXELS
+        clip, hint = write_frames(tmp_path / "big.mp4", _frames(2, 4096, 4096), fps=1), "VLLM_MAX_IMAGE_PIXELS"
+    else:  # a tiny clip with more frames than the server's max_frames
+        clip, hint = write_frames(tmp_path / "long.mp4", _frames(MAX_FRAMES + 100, 64, 64), fps=100), "max_frames"
+    with pytest.raises(openai.APIStatusError) as err:
+        _ask(server, [_video_part(_data_url(clip)), {"type": "text", "text": "x"}])
+    assert err.value.status_code == 400 and hint in str(err.value), str(err.value)
     assert _ask(server, "still there?").choices[0].message.content is not None
 
 

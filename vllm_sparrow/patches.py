@@ -364,17 +364,23 @@ def _register_pyav_video_codec() -> None:
     module = types.ModuleType(name)
     module.decode_pyav = decode_pyav  # vLLM imports f".{backend}" and calls decode_<backend>
     sys.modules[name] = module
-    _set_entry("pyav-video-codec", video_decoders._BACKEND_OPTION_DEFAULTS, "pyav", {})
+    from dataclasses import asdict
+
+    from .video import DecodeLimits
+
+    # The backend's options (its limits), settable in --media-io-kwargs' "video" object.
+    _set_entry("pyav-video-codec", video_decoders._BACKEND_OPTION_DEFAULTS, "pyav", asdict(DecodeLimits()))
 
 
-def decode_pyav(loader_cls, data: bytes, target, sampling_kwargs: dict):
+def decode_pyav(loader_cls, data: bytes, target, sampling_kwargs: dict, **limits):
     """vLLM decoder contract: (frames, VideoSourceMetadata, wanted indices, decoded indices).
 
-    Frame choice stays the loader's (uniform sampling by num_frames/fps, Qwen3-VL's own rule).
+    Frame choice stays the loader's (uniform sampling by num_frames/fps, Qwen3-VL's own rule);
+    `limits` are DecodeLimits fields (frame size, frame count, duration, time, decoded size).
     """
-    from vllm.multimodal.video_decoders import VideoSourceMetadata, check_frame_pixel_limit
+    from vllm.multimodal.video_decoders import VideoSourceMetadata
 
-    from .video import decode_video_bytes
+    from .video import DecodeLimits, decode_video_bytes
 
     chosen = {}
 
@@ -383,8 +389,8 @@ def decode_pyav(loader_cls, data: bytes, target, sampling_kwargs: dict):
         chosen["source"] = source
         return loader_cls.compute_frames_index_to_sample(source=source, target=target, **sampling_kwargs)
 
-    frames, _, wanted, kept = decode_video_bytes(data, pick, name="the request's video")
-    check_frame_pixel_limit(frames.shape[2], frames.shape[1])
+    frames, _, wanted, kept = decode_video_bytes(data, pick, name="the request's video",
+                                                 limits=DecodeLimits(**limits))
     return frames, chosen["source"], wanted, kept
 
 

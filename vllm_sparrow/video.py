@@ -9,23 +9,70 @@ The metadata keys are the ones vLLM's own video loader produces (``create_hf_met
 Qwen2.5-VL / Qwen3-VL require: ``total_num_frames``, ``fps``, ``duration``, ``video_backend``,
 ``frames_indices``, ``do_sample_frames``. vLLM turns all but ``do_sample_frames`` into a
 ``transformers.VideoMetadata``, so no other key may be added.
+
+Decoding is bounded (``DecodeLimits``): the container's frame size, frame count and duration are
+checked before any frame is decoded, only the sampled frames are converted, into one array
+allocated once, frames over ``decode_pixels`` are scaled down while decoding (to a size above
+what Qwen-VL and LLaVA-OneVision processors keep per frame), and one video's decode has a wall
+clock limit. Over a limit -> ``VideoDecodeError`` naming it (a 400 on the server).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import time
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["VideoDecodeError", "decode_video", "decode_video_bytes", "sample_frame_indices",
+__all__ = ["DecodeLimits", "VideoDecodeError", "decode_video", "decode_video_bytes", "sample_frame_indices",
            "write_frames", "write_synthetic_clip"]
 
 
 class VideoDecodeError(ValueError):
     """A file could not be read as a video; the message names the file and a next step."""
+
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    """What one video may cost to decode (server: the pyav backend's options in
+    `--media-io-kwargs '{"video": {"backend": "pyav", "timeout_s": 60, ...}}'`)."""
+
+    max_frame_pixels: int | None = None  # width x height; None: vLLM's VLLM_MAX_IMAGE_PIXELS
+    max_frames: int = 1_000_000  # frames in the stream (over 9 hours at 30 fps)
+    max_duration_s: float = 4 * 3600.0
+    timeout_s: float = 120.0  # wall clock for decoding one video
+    decode_pixels: int = 1 << 20  # larger frames are scaled down to this area while decoding
+
+    def frame_pixel_limit(self) -> int:
+        if self.max_frame_pixels is not None:
+            return self.max_frame_pixels
+        return int(os.environ.get("VLLM_MAX_IMAGE_PIXELS", "178956970"))
+
+    def check(self, name: Any, width: int, height: int, total: int, duration: float) -> None:
+        """Refuse, before decoding, a video over a limit (the message names the limit)."""
+        pixels = self.frame_pixel_limit()
+        if pixels > 0 and width * height > pixels:
+            raise VideoDecodeError(f"{name}: frames of {width}x{height} exceed the limit of {pixels} pixels "
+                                   "(VLLM_MAX_IMAGE_PIXELS / max_frame_pixels); send a smaller video")
+        if total > self.max_frames:
+            raise VideoDecodeError(f"{name}: {total} frames exceed the limit of {self.max_frames} (max_frames); "
+                                   "send a shorter video")
+        if duration > self.max_duration_s:
+            raise VideoDecodeError(f"{name}: {duration:.0f} s exceeds the limit of {self.max_duration_s:g} s "
+                                   "(max_duration_s); send a shorter video")
+
+    def output_size(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) frames are decoded to: the source's, or scaled down (aspect kept,
+        even sides) to at most decode_pixels."""
+        if self.decode_pixels <= 0 or width * height <= self.decode_pixels:
+            return width, height
+        scale = (self.decode_pixels / (width * height)) ** 0.5
+        return max(2, int(width * scale) // 2 * 2), max(2, int(height * scale) // 2 * 2)
 
 
 def write_synthetic_clip(
@@ -127,6 +174,7 @@ def decode_video(
     path: str | Path,
     num_frames: int | None = None,
     fps: float | None = None,
+    limits: DecodeLimits = DecodeLimits(),
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """Decode uniformly sampled RGB frames and the metadata vLLM's Qwen-VL processors need.
 
@@ -138,14 +186,14 @@ def decode_video(
     path = Path(path)
     if not path.is_file():
         raise VideoDecodeError(f"{path}: no such file (or not a file); check the path")
-    total, src_fps, duration = _guarded(path, _probe)
+    total, src_fps, duration = _guarded(path, _probe, limits)
     wanted = sample_frame_indices(total, duration, num_frames, fps)
-    frames, kept, seen = _guarded(path, _decode_indices, wanted)
+    frames, kept, seen = _guarded(path, _decode_indices, wanted, limits)
     if len(kept) < len(wanted) and seen > 0:
         # The (estimated) frame count overshot the real one: resample over the real count.
         total = seen
         wanted = sample_frame_indices(total, duration, num_frames, fps)
-        frames, kept, seen = _guarded(path, _decode_indices, wanted)
+        frames, kept, seen = _guarded(path, _decode_indices, wanted, limits)
 
     if not kept:
         raise VideoDecodeError(f"{path}: the video stream has no decodable frame; re-encode it")
@@ -159,11 +207,11 @@ def decode_video(
         # (Qwen3-VL would otherwise re-pick frames at its own 2 fps).
         "do_sample_frames": False,
     }
-    return np.stack(frames), metadata
+    return frames, metadata
 
 
 def decode_video_bytes(
-    data: bytes, pick: Any, name: str = "the video"
+    data: bytes, pick: Any, name: str = "the video", limits: DecodeLimits = DecodeLimits(),
 ) -> tuple[np.ndarray, tuple[int, float, float], list[int], list[int]]:
     """Decode an in-memory video: ``pick(total, fps, duration) -> wanted frame indices``.
 
@@ -176,16 +224,16 @@ def decode_video_bytes(
     def opened():
         return io.BytesIO(data)
 
-    total, src_fps, duration = _guarded(name, _probe, source=opened())
+    total, src_fps, duration = _guarded(name, _probe, limits, source=opened())
     wanted = list(pick(total, src_fps, duration))
-    frames, kept, seen = _guarded(name, _decode_indices, wanted, source=opened())
+    frames, kept, seen = _guarded(name, _decode_indices, wanted, limits, source=opened())
     if len(kept) < len(wanted) and seen > 0:  # the header's frame count overshot
         total = seen
         wanted = list(pick(total, src_fps, duration))
-        frames, kept, seen = _guarded(name, _decode_indices, wanted, source=opened())
+        frames, kept, seen = _guarded(name, _decode_indices, wanted, limits, source=opened())
     if not kept:
         raise VideoDecodeError(f"{name}: the video stream has no decodable frame; re-encode it")
-    return np.stack(frames), (total, src_fps, duration), wanted, kept
+    return frames, (total, src_fps, duration), wanted, kept
 
 
 def _guarded(path: Any, read: Any, *args: Any, source: Any = None) -> Any:
@@ -205,17 +253,20 @@ def _guarded(path: Any, read: Any, *args: Any, source: Any = None) -> Any:
     except av.error.DecoderNotFoundError as err:  # the container is fine, its codec is not
         raise VideoDecodeError(
             f"{path}: unsupported video codec (no decoder for it in this FFmpeg build: {err}); "
-            "re-encode it, e.g. `ffmpeg -i IN -c:v libx264 -pix_fmt yuv420p OUT.mp4`"
+            f"re-encode it, e.g. `{_REENCODE}`"
         ) from err
     except av.FFmpegError as err:  # PyAV's base error for open/demux/decode
         raise VideoDecodeError(
             f"{path}: cannot decode as video ({type(err).__name__}: {err}); "
-            "re-encode it, e.g. `ffmpeg -i IN -c:v libx264 -pix_fmt yuv420p OUT.mp4`"
+            f"re-encode it, e.g. `{_REENCODE}`"
         ) from err
 
 
-def _probe(container: Any, path: Path) -> tuple[int, float, float]:
-    """(total frames, source fps, duration s) of the first video stream."""
+_REENCODE = "ffmpeg -i IN -c:v libx264 -pix_fmt yuv420p OUT.mp4"
+
+
+def _probe(container: Any, path: Path, limits: DecodeLimits) -> tuple[int, float, float]:
+    """(total frames, source fps, duration s) of the first video stream, within `limits`."""
     if not container.streams.video:
         raise VideoDecodeError(f"{path}: the file has no video stream (audio only?); pass a video")
     stream = container.streams.video[0]
@@ -237,25 +288,41 @@ def _probe(container: Any, path: Path) -> tuple[int, float, float]:
         )
     if src_fps <= 0 and duration > 0:
         src_fps = total / duration
+    ctx = stream.codec_context
+    if ctx is None:  # the container is fine, its codec is not
+        raise VideoDecodeError(f"{path}: unsupported video codec (no decoder for it in this FFmpeg build); "
+                               f"re-encode it, e.g. `{_REENCODE}`")
+    limits.check(path, ctx.width, ctx.height, total, duration)
     return total, src_fps, duration
 
 
 def _decode_indices(
-    container: Any, path: Path, wanted: list[int]
-) -> tuple[list[np.ndarray], list[int], int]:
-    """Decode in presentation order, keeping frames whose running index is in ``wanted``.
+    container: Any, path: Path, wanted: list[int], limits: DecodeLimits
+) -> tuple[np.ndarray | None, list[int], int]:
+    """Decode in presentation order, converting only frames whose running index is in
+    ``wanted`` (to RGB at the limits' output size) into one array allocated at the first of them.
 
-    Returns (frames, their indices, frames seen). ``seen`` is the real frame count when the
-    stream ended before the last wanted index (an estimated count that overshot), else 0.
+    Returns (frames [len(kept), H, W, 3] uint8, their indices, frames seen). ``seen`` is the real
+    frame count when the stream ended before the last wanted index (an estimated count that
+    overshot), else 0.
     """
+    stream = container.streams.video[0]
+    stream.thread_type = "AUTO"  # frame threads: large frames decode faster, same pixels
+    deadline = time.monotonic() + limits.timeout_s
     wanted_set, last = set(wanted), max(wanted)
-    frames: list[np.ndarray] = []  # each (H, W, 3) uint8
+    out: np.ndarray | None = None  # [len(wanted), H, W, 3]
     kept: list[int] = []
     index = -1
-    for index, frame in enumerate(container.decode(video=0)):
+    for index, frame in enumerate(container.decode(stream)):
+        if time.monotonic() > deadline:
+            raise VideoDecodeError(f"{path}: decoding took over {limits.timeout_s:g} s (timeout_s); "
+                                   "send a shorter or smaller video")
         if index in wanted_set:
-            frames.append(frame.to_ndarray(format="rgb24"))
+            if out is None:
+                width, height = limits.output_size(frame.width, frame.height)
+                out = np.empty((len(wanted), height, width, 3), dtype=np.uint8)
+            out[len(kept)] = frame.to_ndarray(width=width, height=height, format="rgb24")
             kept.append(index)
         if index >= last:
-            return frames, kept, 0
-    return frames, kept, index + 1
+            return out[: len(kept)], kept, 0
+    return (None if out is None else out[: len(kept)]), kept, index + 1

@@ -104,3 +104,9 @@ def test_draft_made_for_another_architecture_is_refused(qwen, target_dirs, tmp_p
         architectures=["Qwen2VLForConditionalGeneration"], weights_fingerprint=None))
     with pytest.raises(Exception, match="architecture Qwen2VLForConditionalGeneration.*this target: Qwen2_5_VL"):
         make_llm(qwen, speculative_config=_spec(draft))
+
+
+def test_pipeline_parallelism_is_refused_with_a_message(qwen, tmp_path):
+    draft = init_draft(qwen, tmp_path / "d")
+    with pytest.raises(Exception, match="does not support pipeline parallelism.*tensor-parallel-size"):
+        make_llm(qwen, pipeline_parallel_size=2, speculative_config=_spec(draft))

@@ -177,7 +177,15 @@ def _wrap_post_init(original: Callable) -> Callable:
         if self.method != METHOD:
             return original(self)
         from .checkpoint import validate_draft_for_target
+        from .config import DraftConfigError
 
+        pp = getattr(self.target_parallel_config, "pipeline_parallel_size", 1)
+        if pp > 1:
+            # vLLM shares the target's embedding and LM head with the draft on the last PP rank
+            # for its own EAGLE methods only; Sparrow's draft would get token ids, not embeddings.
+            raise DraftConfigError(
+                f"the sparrow method does not support pipeline parallelism (pipeline_parallel_size={pp}): "
+                "serve the target with tensor parallelism (--tensor-parallel-size) or without speculation")
         draft_cfg = validate_draft_for_target(self.model, self.target_model_config)
         if self.num_speculative_tokens is None:
             self.num_speculative_tokens = draft_cfg.speculative_tokens

@@ -29,6 +29,7 @@ def dataset(workdir, target_dirs):
         write_synthetic_clip(root / f"v{i}.mp4", 4, width=112, height=112, seed=i)
     write_synthetic_clip(root / "long.mp4", 16, width=112, height=112, seed=9)
     Image.fromarray(np.full((112, 112, 3), 90, np.uint8)).save(root / "im.png")
+    Image.fromarray(np.full((10, 2400, 3), 90, np.uint8)).save(root / "thin.png")  # the processor refuses it
     (root / "broken.mp4").write_bytes(b"\x00not a video at all")
     good = [
         {"video": "v0.mp4", "prompt": "describe the video"},
@@ -45,6 +46,7 @@ def dataset(workdir, target_dirs):
         {"video": "long.mp4", "prompt": "too many frames for max_seq_len"},
     ]
     lines = [json.dumps(r) for r in good[:3] + bad[:2] + good[3:] + bad[2:]] + ["{oops"]
+    lines.append(json.dumps({"image_path": "thin.png", "prompt": "what is this"}))
     (root / "data.jsonl").write_text("\n".join(lines) + "\n")
     return dict(root=root, target=target_dirs(KIND), good=good)
 
@@ -58,9 +60,27 @@ def test_bad_samples_are_skipped_with_reasons_and_the_rest_kept(dataset, workdir
     report = capture(_cfg(dataset, workdir / "cap-a"), progress=False)
     assert report.kept == len(dataset["good"])
     assert report.skipped == {"missing file": 1, "undecodable media": 1, "empty response": 1,
-                              "over-long sample": 1, "bad json": 1}
+                              "over-long sample": 1, "bad json": 1, "target error": 1}
     skipped = ShardReader(workdir / "cap-a").manifest.skipped
     assert "missing.mp4 does not exist" in skipped["3"] and "re-encode" in skipped["4"]
+    assert skipped["10"].startswith("target error: ValueError") and "aspect ratio" in skipped["10"]
+
+
+def test_resume_refuses_a_data_file_whose_captured_lines_changed(dataset, workdir):
+    import shutil
+
+    root = workdir / "capture-data-edited"
+    shutil.copytree(dataset["root"], root)
+    d = {**dataset, "root": root}
+    cfg = CaptureConfig(**{**vars(_cfg(d, workdir / "cap-edit")), "limit": 2})
+    assert capture(cfg, progress=False).kept == 2
+    lines = (root / "data.jsonl").read_text().splitlines()
+    (root / "data.jsonl").write_text("\n".join(lines + [json.dumps({"prompt": "one more line"})]) + "\n")
+    assert capture(CaptureConfig(**{**vars(cfg), "limit": None}), progress=False).kept == len(dataset["good"]) + 1
+    lines[0] = json.dumps({"video": "v0.mp4", "prompt": "an edited prompt"})
+    (root / "data.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(CaptureMismatch, match="first 12 lines changed"):
+        capture(CaptureConfig(**{**vars(cfg), "limit": None}), progress=False)
 
 
 def test_shards_round_trip_the_target_states(dataset, workdir):

@@ -24,7 +24,7 @@ import torch
 
 from ..fingerprint import weights_fingerprint
 from .data import BadSample, Sample, load_media, read_samples
-from .shards import ShardWriter, open_manifest
+from .shards import ShardWriter, check_data_file, open_manifest
 
 log = logging.getLogger("vllm_sparrow.capture")
 STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -78,6 +78,7 @@ def capture(cfg: CaptureConfig, progress: bool = True) -> CaptureReport:
         raise ValueError(f"ivsb_layer must be in 1..{target.num_layers} for this target, got {cfg.ivsb_layer}")
     out = Path(cfg.out)
     manifest = open_manifest(out, cfg.settings())
+    check_data_file(manifest, cfg.data, out)
     done = manifest.done()
     writer = ShardWriter(out, manifest, cfg.shard_size)
     rows = [r for r in read_samples(cfg.data) if cfg.limit is None or r.index < cfg.limit]
@@ -100,6 +101,16 @@ def capture(cfg: CaptureConfig, progress: bool = True) -> CaptureReport:
 
 
 def _capture_one(target, sample: Sample, cfg: CaptureConfig, writer: ShardWriter) -> BadSample | None:
+    """Capture one sample, or say why not: any failure of this sample (its media, the processor,
+    the target) skips it with its reason; the run goes on and a rerun does not retry it."""
+    try:
+        return _capture_sample(target, sample, cfg, writer)
+    except Exception as e:  # noqa: BLE001 - one sample never stops a capture
+        log.debug("sample %d failed", sample.index, exc_info=True)
+        return BadSample(sample.index, "target error", f"{type(e).__name__}: {e}")
+
+
+def _capture_sample(target, sample: Sample, cfg: CaptureConfig, writer: ShardWriter) -> BadSample | None:
     try:
         media = load_media(sample, cfg.num_frames)
     except ValueError as e:  # missing/corrupt media (VideoDecodeError is a ValueError)

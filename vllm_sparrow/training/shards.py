@@ -33,6 +33,7 @@ class Manifest:
     settings: dict[str, Any]
     shards: list[dict[str, Any]] = field(default_factory=list)  # {"file", "samples": [index...]}
     skipped: dict[str, str] = field(default_factory=dict)  # sample index -> message
+    data: dict[str, Any] = field(default_factory=dict)  # {"lines", "sha256"} of the data file's lines seen
 
     def done(self) -> set[int]:
         return {i for s in self.shards for i in s["samples"]} | {int(i) for i in self.skipped}
@@ -46,7 +47,7 @@ def load_manifest(out_dir: Path) -> Manifest | None:
     if not path.is_file():
         return None
     raw = json.loads(path.read_text())
-    return Manifest(raw["settings"], raw["shards"], raw["skipped"])
+    return Manifest(raw["settings"], raw["shards"], raw["skipped"], raw.get("data", {}))
 
 
 def save_manifest(out_dir: Path, manifest: Manifest) -> None:
@@ -67,6 +68,33 @@ def open_manifest(out_dir: Path, settings: dict[str, Any]) -> Manifest:
             f"{out_dir} holds a capture made with other settings ({', '.join(changed)}); "
             "capture into a new directory, or rerun with the same settings to resume")
     return manifest
+
+
+def data_lines_digest(path: str | Path, lines: int | None = None) -> tuple[int, str]:
+    """(line count, sha256 of the first `lines` lines (all by default)) of a JSONL data file."""
+    import hashlib
+
+    rows = Path(path).read_bytes().splitlines()
+    n = len(rows) if lines is None else min(lines, len(rows))
+    digest = hashlib.sha256()
+    for row in rows[:n]:
+        digest.update(row.rstrip() + b"\n")
+    return (n if lines is None or lines <= len(rows) else -1), digest.hexdigest()[:16]
+
+
+def check_data_file(manifest: Manifest, data: str | Path, out_dir: Path) -> None:
+    """Samples are indexed by line: refuse a data file whose already-seen lines changed
+    (appending lines is fine), then record the file as it is now."""
+    if manifest.data:
+        n, sha = data_lines_digest(data, manifest.data["lines"])
+        if n != manifest.data["lines"] or sha != manifest.data["sha256"]:
+            raise CaptureMismatch(
+                f"{out_dir} was captured from another version of {data}: its first "
+                f"{manifest.data['lines']} lines changed (samples are indexed by line). Capture into "
+                "a new directory, or restore the file (appending lines is fine)")
+    lines, sha = data_lines_digest(data)
+    manifest.data = {"lines": lines, "sha256": sha}
+    save_manifest(out_dir, manifest)
 
 
 class ShardWriter:

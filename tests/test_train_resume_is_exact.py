@@ -60,3 +60,20 @@ def test_export_writes_a_loadable_plugin_draft(small_capture, workdir):
     for key, value in _weights(run).items():
         assert torch.equal(draft.state_dict()[key], value), key
     assert not any(k.startswith("bridge") for k in draft.state_dict())  # IVSB is training-only
+
+
+def test_a_damaged_validation_shard_does_not_cost_the_exported_draft(small_capture, workdir):
+    """The held-out sample's shard is unreadable: training goes on (bad samples are skipped) and
+    the draft is exported; validation skips the unreadable held-out sample."""
+    import shutil
+
+    from vllm_sparrow.checkpoint import load_draft
+    from vllm_sparrow.training.shards import ShardReader
+
+    capture = workdir / "capture-damaged"
+    shutil.copytree(small_capture, capture)
+    shard = ShardReader(capture).where[-1][0]  # the held-out (last) sample's shard
+    (capture / shard).write_bytes(b"\x00" * 64)
+    result = train(_cfg(capture, workdir / "run-damaged", 3), progress=False)
+    assert result.acceptance.drafts == 0  # nothing left to validate on
+    assert load_draft(result.draft_dir) is not None

@@ -96,7 +96,7 @@ def test_shards_round_trip_the_target_states(dataset, workdir):
     assert int(stored["prompt_len"]) == prompt_len
     response = stored["token_ids"][prompt_len:].tolist()
     assert response == hf.answer(inputs, 8)  # the target's own greedy answer
-    ids, final, layer, _ = hf.states(inputs, response, 1)
+    ids, final, layer, *_ = hf.states(inputs, response, 1)
     vis = stored["is_visual"]
     assert int(vis.sum()) == 32  # 4 frames of 112x112 through Qwen2.5-VL's processor
     torch.testing.assert_close(stored["text_hidden"], final[~vis])

@@ -27,7 +27,7 @@ def _capture(args) -> int:
         target=args.target, data=args.data, out=args.out, ivsb_layer=args.ivsb_layer,
         num_frames=args.frames, regenerate=args.regenerate, max_new_tokens=args.max_new_tokens,
         max_seq_len=args.max_seq_len, shard_size=args.shard_size, store_dtype=args.store_dtype,
-        device=args.device, limit=args.limit, eagle_baseline=args.eagle_baseline))
+        device=args.device, limit=args.limit, eagle_baseline=args.eagle_baseline, eagle3=args.eagle3))
     print(f"{args.out}: {report.summary()}"
           + (f" (resumed after {report.resumed_from} done)" if report.resumed_from else ""))
     return 0
@@ -175,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--limit", type=int, default=None, help="first N lines only")
     c.add_argument("--eagle-baseline", action="store_true",
                    help="also store the states the EAGLE-style baseline trains on")
+    c.add_argument("--eagle3", action="store_true",
+                   help="also store the EAGLE-3 auxiliary states (the target layers vLLM hands an eagle3 draft)")
     c.set_defaults(fn=_capture)
     pl = sub.add_parser("probe-layers", help="measure text->visual attention per layer; suggest the IVSB layer")
     pl.add_argument("--target", required=True)

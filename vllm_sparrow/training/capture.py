@@ -25,6 +25,7 @@ import torch
 from ..fingerprint import weights_fingerprint
 from .data import BadSample, Sample, load_media, read_samples
 from .shards import ShardWriter, check_data_file, open_manifest
+from .target_runner import eagle3_layer_ids
 
 log = logging.getLogger("vllm_sparrow.capture")
 STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -45,13 +46,15 @@ class CaptureConfig:
     device: str = "cpu"
     limit: int | None = None  # first N lines only
     eagle_baseline: bool = False  # also store what the EAGLE-style baseline trains on
+    eagle3: bool = False  # also store the EAGLE-3 auxiliary states (vLLM's layers for this target)
 
     def settings(self) -> dict:
         """What must not change between a run and its resumption, the target's weights included
         (a retrained target at the same path must not extend a capture of its old self)."""
         keep = ("target", "data", "ivsb_layer", "num_frames", "regenerate", "max_new_tokens",
                 "max_seq_len", "store_dtype", "eagle_baseline")
-        return {**{k: v for k, v in asdict(self).items() if k in keep},
+        extra = {"eagle3": True} if self.eagle3 else {}  # (absent when off: older captures resume)
+        return {**{k: v for k, v in asdict(self).items() if k in keep}, **extra,
                 "target_weights": weights_fingerprint(self.target)}
 
 
@@ -129,7 +132,8 @@ def _capture_sample(target, sample: Sample, cfg: CaptureConfig, writer: ShardWri
     if prompt_len + len(response) > cfg.max_seq_len:
         return BadSample(sample.index, "over-long sample",
                          f"{prompt_len + len(response)} tokens > max_seq_len {cfg.max_seq_len}")
-    token_ids, final, layer, full = target.states(inputs, response, cfg.ivsb_layer)
+    aux_layers = eagle3_layer_ids(target.num_layers) if cfg.eagle3 else ()
+    token_ids, final, layer, full, aux = target.states(inputs, response, cfg.ivsb_layer, aux_layers)
     is_visual = torch.isin(token_ids, torch.tensor(target.spec.visual_token_ids, dtype=token_ids.dtype))
     is_visual[prompt_len:] = False  # generated tokens are text whatever their id
     dtype = STORE_DTYPES[cfg.store_dtype]
@@ -143,5 +147,8 @@ def _capture_sample(target, sample: Sample, cfg: CaptureConfig, writer: ShardWri
     if cfg.eagle_baseline:
         tensors["visual_final"] = final[is_visual].to(dtype)  # [n_vis, H]
         tensors["positions"] = target.eagle_positions(full).long()  # [n]
+    if cfg.eagle3:  # every position, visual ones included, as vLLM hands them to the draft
+        tensors["aux_hidden"] = aux.to(dtype)  # [n, A * H]
+        tensors["aux_layers"] = torch.tensor(aux_layers)  # [A]
     writer.add(sample.index, tensors)
     return None

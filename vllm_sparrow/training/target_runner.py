@@ -7,7 +7,7 @@ pins this). Intermediate states are `hidden_states[L]`, the output of decoder la
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -75,13 +75,18 @@ class HFTarget:
         return self.tokenizer(response, add_special_tokens=False)["input_ids"] + self.eos_ids[:1]
 
     @torch.no_grad()
-    def states(self, inputs: dict[str, torch.Tensor], response: list[int], layer: int):
-        """Run prompt + response once. Returns (token ids [n], final hidden [n, H] after the
-        final norm, layer-`layer` hidden [n, H], full inputs)."""
+    def states(self, inputs: dict[str, torch.Tensor], response: list[int], layer: int,
+               aux_layers: tuple[int, ...] = ()) -> TargetStates:
+        """Run prompt + response once: token ids [n], final hidden [n, H] after the final norm,
+        layer-`layer` hidden [n, H], the full inputs, and (EAGLE-3) the residual stream entering
+        each of `aux_layers`, concatenated in that order [n, len(aux_layers) * H] (None without)."""
         full = extend_with_response(inputs, response)
         out = self.model.model(**self._to_device(full), output_hidden_states=True)
-        return (full["input_ids"][0], out.last_hidden_state[0].float(),
-                out.hidden_states[layer][0].float(), full)
+        # hidden_states[k] enters decoder layer k (k = 0: the embeddings, vision merged), the
+        # residual stream vLLM hands an EAGLE-3 draft for layer id k.
+        aux = torch.cat([out.hidden_states[k][0].float() for k in aux_layers], -1) if aux_layers else None
+        return TargetStates(full["input_ids"][0], out.last_hidden_state[0].float(),
+                            out.hidden_states[layer][0].float(), full, aux)
 
     @torch.no_grad()
     def eagle_positions(self, full: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -99,6 +104,24 @@ class HFTarget:
 
     def _to_device(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+
+
+class TargetStates(NamedTuple):
+    token_ids: torch.Tensor  # [n]
+    final: torch.Tensor  # [n, H] after the final norm
+    layer: torch.Tensor  # [n, H] the IVSB layer's output
+    full: dict[str, torch.Tensor]  # the inputs of prompt + response
+    aux: torch.Tensor | None  # [n, A * H] EAGLE-3 auxiliary states, or None
+
+
+def eagle3_layer_ids(num_layers: int) -> tuple[int, ...]:
+    """vLLM 0.32's default EAGLE-3 auxiliary layers for a target of `num_layers` decoder layers
+    (SupportsEagle3.get_eagle3_default_aux_hidden_state_layers: 2, L // 2, L - 3), sorted and
+    de-duplicated as vLLM stores them, which is the order the draft's fc reads them in. Ids
+    below L only (HF's entry L is after the final norm, vLLM's is not); a target too shallow
+    for three of them uses its first min(3, L) layers. The export writes the ids it used."""
+    ids = sorted(k for k in {2, num_layers // 2, num_layers - 3} if 0 <= k < num_layers)
+    return tuple(ids) if len(ids) == 3 else tuple(range(min(3, num_layers)))
 
 
 def extend_with_response(inputs: dict[str, torch.Tensor], response: list[int]) -> dict[str, torch.Tensor]:

@@ -30,7 +30,7 @@ def greedy_streams(target, prompts: list[list[int]], max_new_tokens: int):
     for ids in prompts:
         inputs = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
         answer = target.answer(inputs, max_new_tokens)
-        tokens, final, _, _ = target.states(inputs, answer, 1)
+        tokens, final, *_ = target.states(inputs, answer, 1)
         streams.append((tokens.clone(), final.clone()))
     return streams
 

@@ -1,7 +1,8 @@
-"""The EAGLE-3 baseline (issue 16, first part): `sparrow capture --eagle3` stores the auxiliary
-target states vLLM hands an eagle3 draft (the same numbers, visual positions included), and a
-draft exported by `Eagle3Draft.save` loads in vLLM 0.32 under `method: "eagle3"` against a
-Qwen2.5-VL target, with every weight it expects, and keeps outputs lossless."""
+"""The EAGLE-3 baseline: `sparrow capture --eagle3` stores the auxiliary target states vLLM hands
+an eagle3 draft (the same numbers, visual positions included); a draft exported by
+`Eagle3Draft.save` loads in vLLM 0.32 under `method: "eagle3"` against a Qwen2.5-VL target with
+every weight it expects and keeps outputs lossless; `sparrow train --draft-kind eagle3` trains
+one whose acceptance in vLLM is what the training's replay predicts."""
 
 import json
 
@@ -10,6 +11,7 @@ import torch
 from conftest import close_llm, make_llm
 from vllm import SamplingParams
 
+from vllm_sparrow.testing.engine import spec_counters
 from vllm_sparrow.testing.tiny_targets import make_prompt
 
 KIND, K = "qwen2_5_vl", 3
@@ -102,3 +104,60 @@ def test_eagle3_draft_reloads_as_exported(setup):
     for key, value in setup["draft"].state_dict().items():
         assert torch.equal(again.state_dict()[key], value), key
     assert again.cfg == setup["draft"].cfg
+
+
+PROMPTS = ["describe the video", "what moves first", "name the colours you see", "count the shapes"]
+
+
+@pytest.fixture(scope="module")
+def trained(workdir, target_dirs):
+    """An EAGLE-3 draft trained by `sparrow train --draft-kind eagle3` on a small capture."""
+    from types import SimpleNamespace
+
+    from vllm_sparrow.training.capture import CaptureConfig, capture
+    from vllm_sparrow.training.eagle3 import Eagle3Draft
+    from vllm_sparrow.training.recipes import recipe_for
+    from vllm_sparrow.training.shards import ShardReader
+    from vllm_sparrow.training.target_runner import HFTarget
+    from vllm_sparrow.training.train import TrainConfig, train
+    from vllm_sparrow.video import write_synthetic_clip
+
+    root, target = workdir / "eagle3-train", target_dirs(KIND)
+    root.mkdir()
+    rows = []
+    for v in range(2):
+        for j, text in enumerate(PROMPTS):
+            write_synthetic_clip(root / f"v{v}{j}.mp4", 4, width=112, height=112, seed=10 * v + j)
+            rows.append({"video": f"v{v}{j}.mp4", "prompt": text})
+    (root / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    capture(CaptureConfig(target=str(target), data=str(root / "data.jsonl"), out=str(root / "cap"), num_frames=4,
+                          max_new_tokens=32, eagle_baseline=True, eagle3=True), progress=False)
+    result = train(TrainConfig(capture=str(root / "cap"), out=str(root / "run"), draft_kind="eagle3", steps=150,
+                               lr=3e-3, mtp_steps=2, holdout=2, log_every=10, speculative_tokens=K), progress=False)
+    reader = ShardReader(root / "cap")
+    seen = [reader[i] for i in range(4)]  # trained-on samples (the tiny random target does not generalise)
+    cfg = SimpleNamespace(speculative_tokens=K)
+    replay = recipe_for("eagle3").validate(cfg, Eagle3Draft.load(result.draft_dir), HFTarget(str(target)), seen)
+    return dict(root=root, rows=rows, target=target, result=result, seen=seen, replay=replay)
+
+
+def test_trained_eagle3_draft_is_lossless_in_vllm_and_accepts_as_replayed(trained):
+    from vllm_sparrow.video import decode_video
+
+    target = trained["target"]
+    reqs = [{"prompt": make_prompt(KIND, target, r["prompt"], "video"),
+             "multi_modal_data": {"video": decode_video(trained["root"] / r["video"], num_frames=4)}}
+            for r in trained["rows"][:4]]
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    llm = make_llm(target, disable_log_stats=False, max_num_seqs=1, speculative_config={
+        "method": "eagle3", "model": str(trained["result"].draft_dir), "num_speculative_tokens": K})
+    outputs = [list(o.outputs[0].token_ids) for o in llm.generate(reqs, params, use_tqdm=False)]
+    c = spec_counters(llm)
+    close_llm(llm)
+    for out, sample in zip(outputs, trained["seen"]):  # the target's own greedy answers, unchanged
+        assert out == sample["token_ids"][int(sample["prompt_len"]):].tolist()
+    measured = 1 + c["num_accepted_tokens"] / c["num_drafts"]
+    replayed = trained["replay"].mean_acceptance_length
+    print(f"eagle3: vLLM {measured:.2f}, replay {replayed:.2f}")
+    assert replayed > 2.0, trained["replay"]  # training took
+    assert abs(measured - replayed) < 0.25, (measured, replayed)

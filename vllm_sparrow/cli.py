@@ -189,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--capture", required=True)
     t.add_argument("--out", required=True, help="run directory; the draft lands in OUT/draft")
     t.add_argument("--init", default=None, help="draft to start from (default: random init)")
-    t.add_argument("--draft-kind", default="sparrow", choices=["sparrow", "eagle"],
-                   help="eagle: the all-positions baseline, exported for vLLM's method 'eagle'")
+    t.add_argument("--draft-kind", default="sparrow", choices=["sparrow", "eagle", "eagle3"],
+                   help="eagle / eagle3: the baselines, exported for vLLM's methods 'eagle' / 'eagle3' "
+                        "(eagle3 needs a capture made with --eagle3)")
     t.add_argument("--steps", type=int, default=1000)
     t.add_argument("--batch-samples", type=int, default=1)
     t.add_argument("--lr", type=float, default=3e-4)

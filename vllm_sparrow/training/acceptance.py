@@ -105,3 +105,30 @@ def estimate_acceptance_full_stream(draft, io, samples, k: int) -> AcceptanceEst
             c += _verify(est, [int(proposals[i][c - 1 + i]) for i in range(k)], tokens, greedy, c) + 1
     draft.train(was_training)
     return est
+
+
+@torch.no_grad()
+def estimate_acceptance_eagle3(draft, draft_io, target_io, samples, k: int, stream) -> AcceptanceEstimate:
+    """The same replay for the EAGLE-3 baseline: stage s of the training-time test at entry
+    c-1+s is its (s+1)-th chained proposal after token c (teacher-forced, which is exact up to
+    the first rejection). stream(sample, device) -> (token ids [n], positions [n], aux [n, A*H])."""
+    from .mtp import unrolled_stages
+
+    was_training = draft.training
+    draft.eval()
+    est = AcceptanceEstimate(0, 0, [0] * k)
+    dev = next(draft.parameters()).device
+    for sample in samples:
+        tokens, positions, aux = stream(sample, dev)
+        m = tokens.shape[0]
+        stages = unrolled_stages(draft, draft_io, tokens, draft.fuse(aux), torch.zeros(m - 2, dtype=torch.bool,
+                                 device=dev), k - 1, 0.0, return_outputs=True, rope_positions=positions)
+        proposals = [draft_io.logits(s.outputs).argmax(-1) for s in stages]  # k x [m-2]
+        is_visual = sample["is_visual"].to(dev)
+        greedy = torch.full((m,), -1, dtype=torch.long, device=dev)  # the target's choice after each text token
+        greedy[~is_visual] = target_io.logits(sample["text_hidden"].float().to(dev)).argmax(-1)
+        c = int(sample["prompt_len"])
+        while c + k < m:
+            c += _verify(est, [int(proposals[i][c - 1 + i]) for i in range(k)], tokens, greedy, c) + 1
+    draft.train(was_training)
+    return est

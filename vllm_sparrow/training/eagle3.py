@@ -44,6 +44,11 @@ class Eagle3Config:
     max_position_embeddings: int = 32768
     draft_vocab: list[int] | None = field(default=None)  # ascending target ids; None: all
 
+    # The training-time test (mtp.unrolled_stages) reads these: EAGLE-3 attends to every earlier
+    # position, no anchors and no window.
+    anchor_tokens = 0
+    window_tokens = None
+
     @property
     def draft_vocab_size(self) -> int:
         return self.vocab_size if self.draft_vocab is None else len(self.draft_vocab)

@@ -1,7 +1,6 @@
-"""Export a training run's latest checkpoint as a plugin draft directory (config.json +
-model.safetensors), loadable by `LLM(..., speculative_config={"method": "sparrow", ...})`, or,
-for an EAGLE-baseline run, in vLLM's `eagle` format (`"method": "eagle"`). The IVSB bridge is
-training-only and is left out."""
+"""Export a training run's latest checkpoint in the format vLLM serves its kind in (recipes.py):
+a Sparrow plugin draft (`"method": "sparrow"`), or vLLM's own `eagle` / `eagle3` formats for the
+baselines. The IVSB bridge is training-only and is left out."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import load_draft, save_draft
+from .recipes import recipe_for
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, draft_vocab: int | None = None) -> Path:
@@ -23,18 +22,18 @@ def export_run(run_dir: str | Path, out_dir: str | Path, draft_vocab: int | None
     cfg = json.loads((run / "train_config.json").read_text())
     init = Path(cfg["init"]) if cfg.get("init") else run / "init"
     weights = torch.load(ckpt_path, weights_only=False, map_location="cpu")["draft"]
-    if cfg.get("draft_kind") == "eagle":
-        if draft_vocab is not None:
-            raise ValueError("--draft-vocab is for Sparrow drafts; vLLM's eagle method reads the full vocabulary")
-        from .eagle_baseline import EagleBaselineDraft
+    kind = cfg.get("draft_kind", "sparrow")
+    if kind != "sparrow" and draft_vocab is not None:
+        raise ValueError("--draft-vocab is for Sparrow drafts; train an eagle3 draft over a reduced vocabulary "
+                         "instead (vLLM's eagle method reads the full one)")
+    recipe = recipe_for(kind)
+    from types import SimpleNamespace
 
-        baseline = EagleBaselineDraft.load(init)
-        baseline.load_state_dict(weights)
-        return baseline.save(out_dir)
-    draft = load_draft(init)
+    draft = recipe.load(init, SimpleNamespace(device="cpu", speculative_tokens=cfg["speculative_tokens"]))
     draft.load_state_dict(weights)
-    draft.cfg.speculative_tokens = cfg["speculative_tokens"]
-    out = save_draft(draft, out_dir)
+    out = recipe.save(draft, out_dir, cfg)
+    if kind != "sparrow":
+        return out
     from ..draft_vocab import VOCAB_FILE
 
     (out / VOCAB_FILE).unlink(missing_ok=True)  # an earlier export's subset must not outlive it

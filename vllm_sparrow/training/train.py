@@ -21,12 +21,10 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import init_draft, load_draft, save_draft
 from ..durable import append_jsonl, atomic_torch_save, atomic_write_json, atomic_write_text, read_jsonl
-from .acceptance import AcceptanceEstimate, estimate_acceptance, estimate_acceptance_full_stream
-from .eagle_baseline import EagleBaselineDraft, full_stream, init_eagle_baseline
-from .ivsb import VisualBridge, pick_visual, visual_keys, visual_text_positions
-from .mtp import unrolled_stages
+from .acceptance import AcceptanceEstimate
+from .ivsb import VisualBridge
+from .recipes import recipe_for
 from .shards import ShardReader
 
 log = logging.getLogger("vllm_sparrow.train")
@@ -37,7 +35,7 @@ class TrainConfig:
     capture: str  # capture directory (sparrow capture)
     out: str  # run directory
     init: str | None = None  # draft directory to start from; None: random init for the target
-    draft_kind: str = "sparrow"  # or "eagle": the all-positions baseline (eagle_baseline.py)
+    draft_kind: str = "sparrow"  # or the baselines "eagle" and "eagle3" (recipes.py)
     steps: int = 1000  # optimiser steps
     batch_samples: int = 1  # samples per optimiser step (gradient accumulation)
     lr: float = 3e-4
@@ -113,7 +111,8 @@ def _loop(cfg, out, reader, train_idx, val_idx, draft, io, bridge, opt, state, r
             sample = _load(reader, index)
             if sample is None:
                 continue
-            stages = _sample_stages(cfg, draft, io, bridge, sample, gen, _visual_shown(cfg, step, index))
+            stages = recipe_for(cfg.draft_kind).stages(cfg, draft, io, bridge, sample, gen,
+                                                       _visual_shown(cfg, step, index))
             loss = sum((cfg.mtp_weight ** s) * r.loss for s, r in enumerate(stages)) / cfg.batch_samples
             loss.backward()
             window["loss"] += loss.item()
@@ -139,10 +138,7 @@ def _loop(cfg, out, reader, train_idx, val_idx, draft, io, bridge, opt, state, r
     draft_dir = out / "draft"
     acceptance = None
     if rank == 0:  # export first: a validation that fails (a damaged shard) must not cost the draft
-        if cfg.draft_kind == "eagle":
-            draft.save(draft_dir)
-        else:
-            save_draft(draft, draft_dir)
+        recipe_for(cfg.draft_kind).save(draft, draft_dir, cfg)
         try:
             acceptance = _validate(cfg, out, reader, val_idx, draft, io, step)
         except Exception as e:  # noqa: BLE001 - the exported draft stands whatever validation does
@@ -171,45 +167,9 @@ def _visual_shown(cfg: TrainConfig, step: int, index: int) -> bool:
     return cfg.visual_drop <= 0 or random.Random(f"{cfg.seed}:{step}:{index}").random() >= cfg.visual_drop
 
 
-def _sample_stages(cfg, draft, io, bridge, sample, gen, show_visual: bool = True):
-    if cfg.draft_kind == "eagle":
-        return _eagle_stages(cfg, draft, io, sample)
-    is_visual = sample["is_visual"]
-    dev = next(draft.parameters()).device
-    tokens = sample["token_ids"][~is_visual].to(dev)  # [m]
-    hidden = sample["text_hidden"].to(dev, torch.float32)  # [m, H]
-    n = tokens.shape[0] - 2
-    prompt_text = int((~is_visual[: int(sample["prompt_len"])]).sum())
-    scored = torch.ones(n, dtype=torch.bool, device=dev)
-    if not cfg.loss_on_prompt:
-        scored = torch.arange(n, device=dev) + 2 >= prompt_text  # label x[t+2] is a response token
-    visual = None
-    if cfg.ivsb and show_visual and sample["visual_hidden"].shape[0] and cfg.visual_fraction > 0:
-        keep = pick_visual(sample["visual_hidden"].shape[0], cfg.visual_fraction, gen)
-        vpos = visual_text_positions(is_visual)[keep]
-        vk, vv = visual_keys(draft, bridge, sample["visual_hidden"][keep].to(dev), vpos.to(dev))
-        visual = (vk, vv, vpos)
-    return unrolled_stages(draft, io, tokens, hidden, scored, cfg.mtp_steps, cfg.hidden_loss_weight, visual)
-
-
-def _eagle_stages(cfg, draft, io, sample):
-    """The baseline reads every position (visual ones included) at its vLLM rotary position."""
-    dev = next(draft.parameters()).device
-    tokens, hidden, positions = full_stream(sample)  # [n], [n, H], [n]
-    n = tokens.shape[0] - 2
-    scored = torch.ones(n, dtype=torch.bool)
-    if not cfg.loss_on_prompt:
-        scored = torch.arange(n) + 2 >= int(sample["prompt_len"])
-    return unrolled_stages(draft, io, tokens.to(dev), hidden.to(dev), scored.to(dev), cfg.mtp_steps,
-                           cfg.hidden_loss_weight, rope_positions=positions.to(dev))
-
-
 def _validate(cfg, out, reader, val_idx, draft, io, step) -> AcceptanceEstimate:
     samples = (s for s in (_load(reader, i) for i in val_idx) if s is not None)  # a damaged shard skips its samples
-    if cfg.draft_kind == "eagle":
-        est = estimate_acceptance_full_stream(draft, io, samples, cfg.speculative_tokens)
-    else:
-        est = estimate_acceptance(draft, io, samples, cfg.speculative_tokens)
+    est = recipe_for(cfg.draft_kind).validate(cfg, draft, io, samples)
     _log(out, 0, {"step": step, "val_mean_acceptance_length": est.mean_acceptance_length,
                   "val_drafts": est.drafts, "val_per_position": est.per_position})
     log.info("step %d: simulated mean acceptance length %.3f over %d drafts", step,
@@ -220,23 +180,13 @@ def _validate(cfg, out, reader, val_idx, draft, io, step) -> AcceptanceEstimate:
 def _build(cfg: TrainConfig, target_dir: str, out: Path, rank: int, world: int):
     from .target_runner import HFTarget
 
-    if cfg.draft_kind not in ("sparrow", "eagle"):
-        raise ValueError(f"draft_kind must be 'sparrow' or 'eagle', got {cfg.draft_kind!r}")
+    recipe = recipe_for(cfg.draft_kind)
     init = Path(cfg.init) if cfg.init else out / "init"
-    if cfg.draft_kind == "eagle" and rank == 0 and not cfg.init and not (init / "config.json").is_file():
-        from transformers import AutoConfig
-
-        init_eagle_baseline(AutoConfig.from_pretrained(target_dir), seed=cfg.seed).save(init)
-    if cfg.draft_kind == "sparrow" and rank == 0 and not cfg.init and not (init / "config.json").is_file():
-        init_draft(target_dir, init, anchor_tokens=cfg.anchor_tokens, window_tokens=cfg.window_tokens,
-                   speculative_tokens=cfg.speculative_tokens, seed=cfg.seed)
+    if rank == 0 and not cfg.init and not (init / "config.json").is_file():
+        recipe.init(cfg, target_dir, init)
     if world > 1:
         torch.distributed.barrier()  # every rank starts from the same initial draft
-    if cfg.draft_kind == "eagle":
-        draft = EagleBaselineDraft.load(init).to(cfg.device)
-    else:
-        draft = load_draft(init, device=cfg.device)
-        draft.cfg.speculative_tokens = cfg.speculative_tokens
+    draft = recipe.load(init, cfg)
     target = HFTarget(target_dir, device=cfg.device)
     for p in target.model.parameters():
         p.requires_grad_(False)

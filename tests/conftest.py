@@ -128,7 +128,8 @@ def quick_bench(workdir):
     untrained = init_draft(os.path.join(DEMO_MODELS, "target"), workdir / "untrained-world-draft",
                            window_tokens=128)
     cfg = quick(BenchConfig(target=os.path.join(DEMO_MODELS, "target"), sparrow=os.path.join(DEMO_MODELS, "sparrow"),
-                            eagle=os.path.join(DEMO_MODELS, "eagle"), out=str(workdir / "bench-quick"),
+                            eagle=os.path.join(DEMO_MODELS, "eagle"), eagle3=os.path.join(DEMO_MODELS, "eagle3"),
+                            out=str(workdir / "bench-quick"),
                             ablations={"untrained": str(untrained)}))
     records = run_bench(cfg)
     return cfg, {(r["method"], r["visual_tokens"], r["batch"]): r for r in records}

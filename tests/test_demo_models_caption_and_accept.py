@@ -79,3 +79,17 @@ def test_captions_with_sparrow_equal_the_targets_on_the_sample_videos():
     from vllm_sparrow.demo.run_demo import run_demo
 
     assert run_demo(max_tokens=160) == 0  # 0: every caption identical without and with sparrow
+
+
+def test_each_shipped_draft_is_accepted_in_vllm_as_its_held_out_replay_predicts(quick_bench):
+    """The build's held-out replay (models/world/build.json, capture clips no draft trained on)
+    and vLLM's acceptance on the bench's held-out clips at 512 visual tokens agree for every
+    shipped draft: Sparrow, the EAGLE-1-style and the EAGLE-3 baselines."""
+    import json
+
+    cfg, records = quick_bench
+    build = json.loads(open(os.path.join(DEMO_MODELS, "build.json")).read())
+    for method in ("sparrow", "eagle", "eagle3"):
+        replay = build[f"{method}_heldout_replay"]["mean_acceptance_length"]
+        measured = records[(method, cfg.lengths[0], 1)]["acceptance_length"]
+        assert abs(measured - replay) < 0.25, (method, measured, replay)

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-METHODS = ("none", "sparrow", "eagle", "ngram", "untrained")
+METHODS = ("none", "sparrow", "eagle", "eagle3", "ngram", "untrained")
 
 
 def test_quick_benchmark_measures_every_method_at_every_length(quick_bench):
@@ -68,7 +68,7 @@ def test_rerun_with_the_same_settings_reuses_finished_records(quick_bench):
     cfg, records = quick_bench
     # a finished run: the CLI only rewrites the reports (no engine is started)
     done = subprocess.run([sys.executable, "-m", "vllm_sparrow.cli", "bench", "--quick", "--out", cfg.out,
-                           "--target", cfg.target, "--sparrow", cfg.sparrow, "--eagle", cfg.eagle,
+                           "--target", cfg.target, "--sparrow", cfg.sparrow, "--eagle", cfg.eagle, "--eagle3", cfg.eagle3,
                            "--ablation", f"untrained={cfg.ablations['untrained']}"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

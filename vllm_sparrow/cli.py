@@ -135,7 +135,7 @@ def _bench(args) -> int:
     if args.with_ablations:  # every draft under <sparrow>/../ablations (what `sparrow demo build` writes)
         folder = Path(args.sparrow).parent / "ablations"
         ablations.update({d.name: str(d) for d in sorted(folder.iterdir()) if (d / "config.json").exists()})
-    cfg = BenchConfig(target=args.target, sparrow=args.sparrow, eagle=args.eagle, out=args.out,
+    cfg = BenchConfig(target=args.target, sparrow=args.sparrow, eagle=args.eagle, eagle3=args.eagle3, out=args.out,
                       methods=tuple(args.methods.split(",")) if args.methods else METHODS,
                       ablations=ablations, clips_per_length=args.clips,
                       batch_sizes=tuple(int(x) for x in args.batch_sizes.split(",")),
@@ -248,9 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--target", default="models/world/target")
     b.add_argument("--sparrow", default="models/world/sparrow")
     b.add_argument("--eagle", default="models/world/eagle")
+    b.add_argument("--eagle3", default="models/world/eagle3", help="an EAGLE-3 draft (vLLM's eagle3 format)")
     b.add_argument("--out", default="runs/bench")
     b.add_argument("--lengths", default=None, help="visual tokens, comma separated (default: 512,...,24960)")
-    b.add_argument("--methods", default=None, help="comma separated subset of none,sparrow,eagle,ngram")
+    b.add_argument("--methods", default=None, help="comma separated subset of none,sparrow,eagle,eagle3,ngram")
     b.add_argument("--ablation", action="append", default=[], metavar="NAME=DRAFT_DIR",
                    help="an extra Sparrow draft to run as method NAME (repeatable)")
     b.add_argument("--with-ablations", action="store_true",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-METHODS = ("none", "sparrow", "eagle", "ngram")
+METHODS = ("none", "sparrow", "eagle", "eagle3", "ngram")
 PAPER_LENGTHS = (512, 1536, 6144, 17408, 24960)  # visual tokens; ~0.5k, 1.5k, 6k, 17k, 25k
 
 
@@ -13,6 +13,7 @@ class BenchConfig:
     target: str = "models/world/target"
     sparrow: str = "models/world/sparrow"
     eagle: str = "models/world/eagle"
+    eagle3: str = "models/world/eagle3"
     out: str = "runs/bench"  # records.jsonl (resumable), results.json, table.md, plot.png
     lengths: tuple[int, ...] = PAPER_LENGTHS
     methods: tuple[str, ...] = METHODS

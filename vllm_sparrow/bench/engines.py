@@ -26,11 +26,13 @@ def speculative_config(method: str, cfg: BenchConfig) -> dict | None:
         return {"method": "sparrow", "model": cfg.sparrow, "num_speculative_tokens": k}
     if method == "eagle":
         return {"method": "eagle", "model": cfg.eagle, "num_speculative_tokens": k}
+    if method == "eagle3":
+        return {"method": "eagle3", "model": cfg.eagle3, "num_speculative_tokens": k}
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
     if method in cfg.ablations:
         return {"method": "sparrow", "model": cfg.ablations[method], "num_speculative_tokens": k}
-    raise ValueError(f"unknown method {method!r}; expected none, sparrow, eagle, ngram or an ablation name")
+    raise ValueError(f"unknown method {method!r}; expected none, sparrow, eagle, eagle3, ngram or an ablation name")
 
 
 def open_engine(method: str, cfg: BenchConfig, max_visual_tokens: int, max_num_seqs: int = 4):

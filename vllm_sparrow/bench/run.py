@@ -187,8 +187,9 @@ def _cache_bytes(llm, method: str, outs: list[dict], cfg: BenchConfig) -> float:
         from ..testing.engine import drafter_stats
 
         return float(drafter_stats(llm)["bytes_per_slot"])  # a request's fixed ring, whatever its length
-    if method == "eagle":
-        return sum(eagle_cache_bytes(cfg.eagle, o["prompt_tokens"] + len(o["token_ids"])) for o in outs) / len(outs)
+    if method in ("eagle", "eagle3"):  # vLLM keeps the draft layer's K/V for every token
+        path = cfg.eagle if method == "eagle" else cfg.eagle3
+        return sum(eagle_cache_bytes(path, o["prompt_tokens"] + len(o["token_ids"])) for o in outs) / len(outs)
     return 0.0
 
 

@@ -69,7 +69,7 @@ def build(cfg: DemoBuildConfig) -> dict[str, Path]:
     capture_dir, record["capture"] = _capture(target, data, work / "capture")
     record["seconds"]["capture"] = _stage_seconds(capture_dir, t)
     drafts = {}
-    for kind in ("sparrow", "eagle"):
+    for kind in ("sparrow", "eagle", "eagle3"):
         t = time.perf_counter()
         print(f"[4/4] {kind} draft -> {out / kind}", flush=True)
         run = work / f"train-{kind}"
@@ -141,7 +141,7 @@ def _capture(target: Path, data: Path, out: Path) -> Path:
 
     # every frame (2 fps): the draft trains on the visual token counts vLLM will serve
     report = capture(CaptureConfig(target=str(target), data=str(data), out=str(out), num_frames=10_000,
-                                   max_new_tokens=320, eagle_baseline=True, shard_size=32))
+                                   max_new_tokens=320, eagle_baseline=True, eagle3=True, shard_size=32))
     print(f"capture: {report.summary()}", flush=True)
     return out, report.summary()
 

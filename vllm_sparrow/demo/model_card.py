@@ -56,7 +56,7 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
     t = cfg["target"]
     ext = t["extension"]
     lines = [
-        "# World demo models: target captioner, Sparrow draft, EAGLE-style baseline",
+        "# World demo models: target captioner, Sparrow draft, EAGLE-1-style and EAGLE-3 baselines",
         "",
         "Trained from scratch on this project's synthetic video world (`vllm_sparrow/world`) by",
         "`sparrow demo build` on a 2-core CPU. Regenerate everything (about 1.5 hours, resumable):",
@@ -70,6 +70,8 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
         f"| Sparrow draft | sparrow/ | {_params(models / 'sparrow') / 1e6:.2f}M (+ target embeddings/head, shared) "
         "| vllm-sparrow `method: sparrow` |",
         f"| EAGLE baseline | eagle/ | {_params(models / 'eagle') / 1e6:.2f}M | vLLM `method: eagle` |",
+        f"| EAGLE-3 baseline | eagle3/ | {_params(models / 'eagle3') / 1e6:.2f}M (+ target embeddings, shared) "
+        "| vLLM `method: eagle3` |",
         "",
         "## Target",
         f"- {cfg['target']['num_layers']} LM layers of width {cfg['target']['hidden_size']} (head dim 32, GQA 4:2),"
@@ -113,9 +115,12 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
               f"({cfg['mtp_steps']} extra stages), text window {cfg['window_tokens']} + "
               f"{cfg['anchor_tokens']} anchors, K={cfg['speculative_tokens']}, {cfg['draft_steps']} steps, lr {cfg['draft_lr']}.",
               "- EAGLE-style baseline: same data and steps, reads every position (visual ones too), served by vLLM's `eagle`.",
+              "- EAGLE-3 baseline: same data and steps, fuses the target's auxiliary states of every position (vLLM's"
+              " default layers), training-time test over its own outputs, served by vLLM's `eagle3`.",
               f"- Replayed acceptance on the {cfg['holdout']} held-out captured clips: Sparrow "
               f"{build['sparrow_heldout_replay']['mean_acceptance_length']:.2f}, EAGLE baseline "
-              f"{build['eagle_heldout_replay']['mean_acceptance_length']:.2f}.",
+              f"{build['eagle_heldout_replay']['mean_acceptance_length']:.2f}, EAGLE-3 baseline "
+              f"{build['eagle3_heldout_replay']['mean_acceptance_length']:.2f}.",
               "- Build times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in build["seconds"].items()) + "."]
     if bench is not None and (bench / "results.json").exists():
         res = json.loads((bench / "results.json").read_text())

@@ -33,3 +33,28 @@ def test_sparrow_at_depth_8_is_lossless_and_accepts_deep_positions(tmp_path):
     per_pos = [n / c["num_drafts"] for n in c["per_pos"]]
     print("per-position acceptance at K = 8:", [round(x, 2) for x in per_pos])
     assert len(per_pos) == K and per_pos[K - 1] > 0.5, per_pos  # the 8th draft token is usually right
+
+
+def test_depth_follows_vllms_per_batch_size_schedule():
+    """vLLM's num_speculative_tokens_per_batch_size (the best K falls with the batch): one request
+    drafts 8 tokens a step, a batch of 8 drafts 3, and both stay lossless."""
+    target = f"{DEMO_MODELS}/target"
+    prompts = [make_prompt("qwen2_5_vl", target, f"describe the red square {i}", None) for i in range(8)]
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    base = make_llm(target, max_model_len=1024)
+    reference = [list(o.outputs[0].token_ids) for o in base.generate(prompts, params, use_tqdm=False)]
+    close_llm(base)
+    llm = make_llm(target, max_model_len=1024, disable_log_stats=False, speculative_config={
+        "method": "sparrow", "model": f"{DEMO_MODELS}/sparrow", "num_speculative_tokens": K,
+        "num_speculative_tokens_per_batch_size": [[1, 2, 8], [3, 16, 3]]})
+    depth = {}
+    for batch in (1, 8):
+        before = spec_counters(llm)
+        outs = [list(o.outputs[0].token_ids) for o in llm.generate(prompts[:batch], params, use_tqdm=False)]
+        after = spec_counters(llm)
+        assert outs == reference[:batch]
+        drafts = after["num_drafts"] - before["num_drafts"]
+        depth[batch] = (after["num_draft_tokens"] - before["num_draft_tokens"]) / drafts
+    close_llm(llm)
+    print("draft tokens per step by batch size:", depth)
+    assert depth[1] > 6 and depth[8] <= 3.0, depth  # (the last steps of a request may draft fewer)

@@ -58,3 +58,30 @@ def test_depth_follows_vllms_per_batch_size_schedule():
     close_llm(llm)
     print("draft tokens per step by batch size:", depth)
     assert depth[1] > 6 and depth[8] <= 3.0, depth  # (the last steps of a request may draft fewer)
+
+
+def test_adaptive_length_verifies_fewer_tokens_and_stays_lossless(monkeypatch):
+    """SPARROW_STOP_CONFIDENCE: a request's chain stops where its cumulative draft confidence
+    falls below the threshold; vLLM verifies only the drafts kept and the output is unchanged."""
+    target = f"{DEMO_MODELS}/target"
+    prompts = [make_prompt("qwen2_5_vl", target, f"describe the red square {i}", None) for i in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    base = make_llm(target, max_model_len=1024)
+    reference = [list(o.outputs[0].token_ids) for o in base.generate(prompts, params, use_tqdm=False)]
+    close_llm(base)
+    runs = {}
+    for threshold in ("off", "0.9"):
+        monkeypatch.setenv("SPARROW_STOP_CONFIDENCE", threshold)
+        llm = make_llm(target, max_model_len=1024, disable_log_stats=False, speculative_config={
+            "method": "sparrow", "model": f"{DEMO_MODELS}/sparrow", "num_speculative_tokens": K})
+        outs = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+        runs[threshold] = (outs, spec_counters(llm))
+        close_llm(llm)
+    for threshold, (outs, _) in runs.items():
+        assert outs == reference, threshold
+    full, adaptive = runs["off"][1], runs["0.9"][1]
+    per_draft = {t: c["num_draft_tokens"] / c["num_drafts"] for t, c in (("off", full), ("0.9", adaptive))}
+    acc_rate = {t: c["num_accepted_tokens"] / c["num_draft_tokens"] for t, c in (("off", full), ("0.9", adaptive))}
+    print("draft tokens verified per step:", per_draft, "accepted share:", acc_rate)
+    assert per_draft["off"] > K - 0.5 and per_draft["0.9"] < per_draft["off"] - 1  # shorter proposals verified
+    assert acc_rate["0.9"] > acc_rate["off"]  # and the ones dropped were the likely misses

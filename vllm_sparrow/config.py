@@ -59,6 +59,9 @@ class SparrowConfig:
     verifier_num_layers: int | None = None
     verifier_weights: str | None = None  # fingerprint.weights_fingerprint of the verifier's folder
     speculative_tokens: int = 3
+    # Adaptive length: a request's chain stops where the product of its drafted tokens' draft
+    # probabilities falls below this (None: always K tokens). SPARROW_STOP_CONFIDENCE overrides.
+    stop_confidence: float | None = None
 
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -111,6 +114,7 @@ class SparrowConfig:
             "anchor_tokens": self.anchor_tokens,
             "window_tokens": self.window_tokens,
             "ivsb_layer": self.ivsb_layer,
+            **({"stop_confidence": self.stop_confidence} if self.stop_confidence is not None else {}),
             "has_own_embed_tokens": self.has_own_embed_tokens,
             "has_own_lm_head": self.has_own_lm_head,
             **({"sparrow_extra": self.extra} if self.extra else {}),
@@ -140,6 +144,7 @@ class SparrowConfig:
                 anchor_tokens=d.get("anchor_tokens", 4),
                 window_tokens=d.get("window_tokens", 512),
                 ivsb_layer=d.get("ivsb_layer"),
+                stop_confidence=d.get("stop_confidence"),
                 has_own_embed_tokens=d.get("has_own_embed_tokens", False),
                 has_own_lm_head=d.get("has_own_lm_head", False),
                 verifier_name_or_path=verifier.get("name_or_path", ""),

@@ -117,6 +117,11 @@ class SparrowDrafter:
         self._free = list(range(max_requests - 1, -1, -1))
         # The decode step captured per batch bucket (draft_graphs.DecodeGraphs), set by the owner.
         self.graphs = None
+        # Adaptive length (set by the owner): keep each step's draft confidences, the drafted
+        # token's probability under the draft, in last_confidence [B, K] (no CUDA graphs then).
+        self.track_confidence = False
+        self.last_confidence: torch.Tensor | None = None
+        self._confidence: list[torch.Tensor] = []
         # Text entries each recent request committed (device values, read only by stats()).
         self._released: OrderedDict[str, torch.Tensor] = OrderedDict()
 
@@ -157,7 +162,8 @@ class SparrowDrafter:
                              f"{self.max_draft_tokens}")
         slot_list = [self._slot(r) for r in batch.req_ids]
         decode = batch.decode_only and int(np.diff(batch.query_start).max(initial=0)) <= num_draft + 1
-        g = self.graphs
+        g = None if self.track_confidence else self.graphs
+        self._confidence = []
         if decode and g is not None and sample is greedy and num_draft == g.num_draft and g.bucket(len(slot_list)):
             return g.run(batch, slot_list), None
         # Ring rows that can hold an entry: while no slot of the batch has wrapped, a prefix.
@@ -337,11 +343,17 @@ class SparrowDrafter:
                               lambda q, k, v, wb=wb: self.backend.chain(self.cache, ctx, wb, q, k, v))
         out = torch.stack(ids, 1) if ids else torch.zeros(len(slots), 0, dtype=torch.long, device=self.device)
         out = torch.where(drafting[:, None], out, 0)  # [B, K]
+        if self.track_confidence and self._confidence:
+            self.last_confidence = torch.stack(self._confidence, 1)  # [B, K]
         return out, (torch.stack(probs, 1) if probs else None)
 
     def _propose(self, y, sample):
         """Draft tokens [B] (and their distribution [B, vocab]) from draft states y [B, H]."""
-        tok, p = sample(self.io.logits(y))
+        logits = self.io.logits(y)
+        tok, p = sample(logits)
+        if self.track_confidence:  # the drafted token's probability under the draft
+            probs = p if p is not None else logits.float().softmax(-1)
+            self._confidence.append(probs.gather(-1, tok[:, None])[:, 0])
         if self.vocab_ids is None:
             return tok, p
         tok = self.vocab_ids[tok]  # subset column -> token id

@@ -79,6 +79,8 @@ class SparrowProposer(EagleProposer):
             backend, self.device, self.dtype, max_requests=max_seqs, max_draft_tokens=k,
             max_text_tokens=self.max_model_len,
         )
+        self.stop_confidence = stop_confidence(cfg)
+        self.drafter.track_confidence = self.stop_confidence is not None
         mode = draft_graph_mode(self.vllm_config, self.device)
         if mode is not None:
             self.drafter.graphs = DecodeGraphs(self.drafter, k, default_buckets(max_seqs), capture=mode == "capture")
@@ -156,7 +158,17 @@ class SparrowProposer(EagleProposer):
             batch, num_speculative_tokens, self._sampler(sampling_metadata)
         )
         self._last_draft_probs = probs
+        if self.stop_confidence is not None and probs is None:
+            return self._trimmed(draft_ids)
         return draft_ids
+
+    def _trimmed(self, draft_ids: torch.Tensor) -> list[list[int]]:
+        """Adaptive length: each request's drafts up to where their cumulative draft confidence
+        falls below stop_confidence (at least one). A list of lists, as vLLM takes from its ngram
+        proposer: the scheduler then schedules exactly that many tokens to verify. Reads the
+        drafts back to the host (vLLM's non-async path does that anyway)."""
+        keep = (self.drafter.last_confidence.cumprod(1) >= self.stop_confidence).sum(1).clamp(min=1)  # [B]
+        return [row[:n] for row, n in zip(draft_ids.tolist(), keep.tolist())]
 
     def _step_batch(self, token_ids, hidden, next_token_ids, cm, num_rejected) -> StepBatch:
         """The engine step as the drafter sees it, without reading anything back from the
@@ -229,6 +241,23 @@ def _plain_target_head(target_model, tp: int):
             or getattr(proc, "soft_cap", None):
         return None, "the target's logits are not a plain matmul (bias, scale or soft cap)"
     return weight, ""
+
+
+def stop_confidence(cfg) -> float | None:
+    """The adaptive-length threshold: SPARROW_STOP_CONFIDENCE (a number, or "off"), else the
+    draft config's stop_confidence."""
+    env = os.environ.get("SPARROW_STOP_CONFIDENCE", "").strip().lower()
+    if env == "off":
+        return None
+    if env:
+        try:
+            value = float(env)
+        except ValueError:
+            raise ValueError(f"SPARROW_STOP_CONFIDENCE={env!r}: use a probability in (0, 1) or 'off'") from None
+        if not 0.0 < value < 1.0:
+            raise ValueError(f"SPARROW_STOP_CONFIDENCE={value}: use a probability in (0, 1) or 'off'")
+        return value
+    return cfg.stop_confidence
 
 
 def draft_graph_mode(vllm_config, device) -> str | None:

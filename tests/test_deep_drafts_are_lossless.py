@@ -85,3 +85,19 @@ def test_adaptive_length_verifies_fewer_tokens_and_stays_lossless(monkeypatch):
     print("draft tokens verified per step:", per_draft, "accepted share:", acc_rate)
     assert per_draft["off"] > K - 0.5 and per_draft["0.9"] < per_draft["off"] - 1  # shorter proposals verified
     assert acc_rate["0.9"] > acc_rate["off"]  # and the ones dropped were the likely misses
+
+
+def test_stop_confidence_is_calibrated_on_held_out_samples(small_capture, trained_drafts, target_dirs):
+    """Free verification keeps every draft token; costly verification buys a threshold."""
+    from vllm_sparrow.checkpoint import load_draft
+    from vllm_sparrow.training.acceptance import calibrate_stop_confidence
+    from vllm_sparrow.training.shards import ShardReader
+    from vllm_sparrow.training.target_runner import HFTarget
+
+    draft = load_draft(trained_drafts("qwen2_5_vl"))
+    target = HFTarget(str(target_dirs("qwen2_5_vl")))
+    samples = list(ShardReader(small_capture))
+    free, scores_free = calibrate_stop_confidence(draft, target, samples, 6, verify_token_cost=0.0)
+    costly, scores_costly = calibrate_stop_confidence(draft, target, samples, 6, verify_token_cost=2.0)
+    assert free is None, scores_free  # nothing to save: draft all K
+    assert costly is not None and scores_costly[costly] > scores_costly["off"], scores_costly

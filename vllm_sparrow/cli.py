@@ -76,6 +76,27 @@ def _export(args) -> int:
     return 0
 
 
+def _calibrate_stop(args) -> int:
+    from .checkpoint import load_draft, save_draft
+    from .training.acceptance import calibrate_stop_confidence
+    from .training.shards import ShardReader
+    from .training.target_runner import HFTarget
+
+    reader = ShardReader(args.capture)
+    samples = [reader[i] for i in range(max(0, len(reader) - args.samples), len(reader))]  # the held-out tail
+    draft = load_draft(args.draft)
+    target = HFTarget(reader.manifest.settings["target"])
+    best, scores = calibrate_stop_confidence(draft, target, samples, args.k, args.verify_token_cost)
+    for key, value in scores.items():
+        print(f"  stop_confidence {key}: {value:.3f} tokens per unit of verify cost")
+    print(f"best: {'off (always K tokens)' if best is None else best}")
+    if args.write:
+        draft.cfg.stop_confidence = best
+        save_draft(draft, args.draft)
+        print(f"wrote stop_confidence={best} into {args.draft}/config.json")
+    return 0
+
+
 def _caption(args) -> int:
     import json
 
@@ -220,6 +241,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="also write a reduced draft vocabulary: the N most frequent text tokens of the "
                         "run's training capture (the draft proposes only those; lossless either way)")
     e.set_defaults(fn=_export)
+    cal = sub.add_parser("calibrate-stop", help="pick the adaptive-length threshold of a Sparrow draft on held-out "
+                                                  "captured samples")
+    cal.add_argument("--draft", required=True)
+    cal.add_argument("--capture", required=True, help="capture of the draft's target; its last --samples are used")
+    cal.add_argument("--samples", type=int, default=8)
+    cal.add_argument("--k", type=int, default=8, help="speculative tokens the server will draft")
+    cal.add_argument("--verify-token-cost", type=float, default=0.1,
+                     help="cost of one more verified token relative to a verify step's fixed cost")
+    cal.add_argument("--write", action="store_true", help="store the best threshold in the draft's config.json")
+    cal.set_defaults(fn=_calibrate_stop)
     cap = sub.add_parser("caption", help="caption a folder or JSONL of videos (resumable, one JSONL row each)")
     cap.add_argument("--target", required=True)
     cap.add_argument("--draft", default=None, help="Sparrow draft directory (omit: no speculation)")

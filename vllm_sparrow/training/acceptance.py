@@ -132,3 +132,52 @@ def estimate_acceptance_eagle3(draft, draft_io, target_io, samples, k: int, stre
             c += _verify(est, [int(proposals[i][c - 1 + i]) for i in range(k)], tokens, greedy, c) + 1
     draft.train(was_training)
     return est
+
+
+THRESHOLDS = (0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+
+
+@torch.no_grad()
+def calibrate_stop_confidence(draft: SparrowDraftModel, io, samples, k: int, verify_token_cost: float,
+                              thresholds=THRESHOLDS) -> tuple[float | None, dict]:
+    """Pick the adaptive-length threshold on held-out samples (serving drafter, vLLM's verify walk).
+
+    A verify step costs 1 + verify_token_cost x (tokens verified) relative units (the marginal
+    cost of one more verified token against the step's fixed cost: ~0 on a GPU at small batch,
+    larger when verification is compute-bound). For each threshold t, every replayed draft keeps
+    its leading tokens whose cumulative draft confidence is >= t (at least one) and is accepted up
+    to min(kept, accepted); the score is tokens produced per unit cost. Returns (best threshold,
+    or None when drafting all K tokens scores best; {threshold or "off": score})."""
+    points = []  # (confidences [k], accepted)
+    was_training = draft.training
+    draft.eval()
+    for sample in samples:
+        is_visual = sample["is_visual"]
+        tokens, hidden = sample["token_ids"][~is_visual], sample["text_hidden"].float()
+        p, m = int((~is_visual[: int(sample["prompt_len"])]).sum()), tokens.shape[0]
+        greedy = io.logits(hidden).argmax(-1)
+        drafter = SparrowDrafter(draft, OwnTokenIO(draft, io), (), TorchWindowAttention(), hidden.device,
+                                 hidden.dtype, max_requests=1, max_draft_tokens=k, max_text_tokens=m + k + 1)
+        drafter.track_confidence = True
+        lo, c = 0, p
+        while c + k < m:
+            batch = StepBatch.from_lists(["r"], tokens[lo:c], hidden[lo:c], [0], [c - lo], [lo], [p],
+                                         tokens[c : c + 1], [False])
+            drafts, _ = drafter.step(batch, k)
+            scratch = AcceptanceEstimate(0, 0, [0] * k)
+            accepted = _verify(scratch, drafts[0].tolist(), tokens, greedy, c)
+            points.append((drafter.last_confidence[0].cumprod(0).tolist(), accepted))
+            lo, c = c, c + accepted + 1
+    draft.train(was_training)
+
+    def score(t: float | None) -> float:
+        made = cost = 0.0
+        for cum, accepted in points:
+            kept = k if t is None else max(1, sum(x >= t for x in cum))
+            made += 1 + min(kept, accepted)
+            cost += 1 + verify_token_cost * kept
+        return made / cost if cost else 0.0
+
+    scores = {"off": score(None), **{t: score(t) for t in thresholds}}
+    best = max(scores, key=lambda key: scores[key])
+    return (None if best == "off" else best), scores

@@ -51,7 +51,7 @@ def test_replayed_chains_are_what_the_serving_drafter_drafts():
     model, io = _model(), _IO()
     sample = _sample(io)
     tokens, hidden = sample["token_ids"], sample["text_hidden"]
-    keys = _Keys(WindowSpec(2, 7), 4)
+    keys = _Keys(WindowSpec(2, 7))
     m = tokens.shape[0]
     y = model(hidden[: m - 1], io.embed(tokens[1:m]), torch.arange(m - 1), keys.dense(m - 1))
     for c in (12, 20, 31):

@@ -22,7 +22,6 @@ buffer logic that the graphs replay.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from .drafter import SparrowDrafter, StepBatch, greedy
@@ -95,13 +94,8 @@ class DecodeGraphs:
         d, L = self.drafter, self.L
         B = len(slot_list)
         b = self.bucket(B)
-        qs = batch.query_start
-        row_req = np.repeat(np.arange(B), np.diff(qs))  # [T]
-        # One transfer: the bucket's slots (padding -> sink), then each row's place in [B, L].
-        host = np.concatenate([slot_list, np.full(b - B, self.sink), row_req * L + np.arange(int(qs[-1])) - qs[:-1][row_req]])
-        dev = d.to_device(host)
-        self.slots[:b].copy_(dev[:b])
-        dest = dev[b:]
+        slots, dest = d._decode_indices(batch, slot_list + [self.sink] * (b - B), L)  # padding -> sink
+        self.slots[:b].copy_(slots)
         self.hidden[dest] = batch.hidden.to(self.hidden.dtype)
         self.tokens[dest] = batch.token_ids
         self.num_valid[:B].copy_(batch.num_valid)

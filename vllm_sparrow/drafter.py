@@ -195,14 +195,13 @@ class SparrowDrafter:
         return dev[:B], dev[B : B + T], dev[B + T : B + 2 * T], dev[B + 2 * T :]
 
     def _decode_indices(self, batch: StepBatch, slot_list: list[int], L: int):
-        """slots [B] and dest [T] (row of the [B, L] layout each of the step's rows goes to),
-        computed on the host, copied in one transfer."""
+        """slots [len(slot_list)] (the batch's, then any padding the caller appends) and dest [T]
+        (row of the [B, L] layout each of the step's rows goes to), copied in one transfer."""
         qs = batch.query_start
-        B = len(batch.req_ids)
-        row_req = np.repeat(np.arange(B), np.diff(qs))  # [T]
+        row_req = np.repeat(np.arange(len(batch.req_ids)), np.diff(qs))  # [T]
         dev = self.to_device(np.concatenate([slot_list,
                                              row_req * L + np.arange(int(qs[-1])) - qs[:-1][row_req]]))
-        return dev[:B], dev[B:]
+        return dev[: len(slot_list)], dev[len(slot_list) :]
 
     def _commit_decode(self, batch: StepBatch, slots, dest, L: int, rows: int | None = None):
         """_commit() for a step where every request decodes: its rows are [last token, drafts...],

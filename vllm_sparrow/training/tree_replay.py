@@ -43,8 +43,8 @@ class TreeReplay:
 class _Keys:
     """Keys/values of one forward, captured through the draft's attend() hook."""
 
-    def __init__(self, spec: WindowSpec, heads: int) -> None:
-        self.spec, self.heads = spec, heads
+    def __init__(self, spec: WindowSpec) -> None:
+        self.spec = spec
         self.k = self.v = None
 
     def dense(self, n: int):
@@ -85,7 +85,7 @@ def _replay_sample(draft, io, sample, max_depth, topk, tree_nodes, out: TreeRepl
     greedy = io.logits(hidden).argmax(-1)  # [m] the target's choice after each token
     # Every committed entry at once: entry j = (h_j, x_{j+1}) at text index j; causal + window,
     # so the pass over entries 0..c-1 is this pass's prefix.
-    keys = _Keys(spec, cfg.num_attention_heads)
+    keys = _Keys(spec)
     y = draft(hidden[: m - 1], io.embed(tokens[1:m]), torch.arange(m - 1), keys.dense(m - 1))  # [m-1, H]
     kc, vc = keys.k, keys.v  # [m-1, kv, D]
     for c in range(p, m - max_depth - 1):

@@ -51,22 +51,46 @@ def case(request, target_dirs, trained_drafts, clips):
     base = make_llm(target)  # the plain engine first: upstream needs that order in one process
     reference = [list(o.outputs[0].token_ids) for o in base.generate(reqs, GREEDY)]
     close_llm(base)
+    tree = _tree_search_outputs(target, draft, reqs)
     llm = make_llm(target, disable_log_stats=False,
                    speculative_config={"method": "sparrow", "model": str(draft), "num_speculative_tokens": K})
     record_drafter_inputs(llm)
     outputs = llm.generate(reqs, GREEDY)
-    yield kind, reference, outputs, llm
+    yield kind, reference, outputs, llm, tree
     close_llm(llm)
 
 
+def _tree_search_outputs(target, draft, reqs):
+    """The same batch drafted by tree search (tree_search.py: top-3 expansion, best path)."""
+    import os
+
+    os.environ["SPARROW_TREE_TOPK"] = "3"  # read by the in-process engine's proposer at load
+    try:
+        llm = make_llm(target, speculative_config={
+            "method": "sparrow", "model": str(draft), "num_speculative_tokens": K})
+    finally:
+        del os.environ["SPARROW_TREE_TOPK"]
+    outputs = [list(o.outputs[0].token_ids) for o in llm.generate(reqs, GREEDY)]
+    tree = drafter_stats(llm)["tree"]
+    close_llm(llm)
+    return tree, outputs
+
+
+def test_tree_search_outputs_equal_target_outputs(case):
+    kind, reference, _, _, (tree, outputs) = case
+    assert tree == [3, 3 * (K - 1)], "the tree engine must have drafted by tree search"
+    for i, (ref, out) in enumerate(zip(reference, outputs)):
+        assert out == ref, f"{kind}: request {i} differs with tree search"
+
+
 def test_greedy_outputs_equal_target_outputs(case):
-    kind, reference, outputs, _ = case
+    kind, reference, outputs, _, _ = case
     for i, (ref, out) in enumerate(zip(reference, outputs)):
         assert list(out.outputs[0].token_ids) == ref, f"{kind}: request {i} differs"
 
 
 def test_spec_decode_counters_agree_with_outputs(case):
-    kind, _, outputs, llm = case
+    kind, _, outputs, llm, _ = case
     c = spec_counters(llm)
     n = len(outputs)
     produced = sum(len(o.outputs[0].token_ids) for o in outputs)
@@ -79,7 +103,7 @@ def test_spec_decode_counters_agree_with_outputs(case):
 
 
 def test_draft_cache_does_not_grow_with_video_length(case, target_dirs):
-    kind, _, outputs, llm = case
+    kind, _, outputs, llm, _ = case
     if FRAMES[kind] is None:
         pytest.skip("text-only target: no video")
     from transformers import AutoConfig
@@ -104,7 +128,7 @@ def test_host_bound_on_text_entries_is_tight_and_never_too_low(case):
     """The proposer bounds each request's text entries from the runner's host arrays (sequence
     length less prompt placeholders) so the CPU path reads only the ring rows in use: a bound
     below the truth would hide keys from the draft; a loose one wastes reads."""
-    kind, _, outputs, llm = case
+    kind, _, outputs, llm, _ = case
     last_bound = {}
     for step in drafter_inputs(llm):
         for r, bound in zip(step["req_ids"], step["text_bound"]):
@@ -116,7 +140,7 @@ def test_host_bound_on_text_entries_is_tight_and_never_too_low(case):
 
 
 def test_finished_requests_give_back_their_draft_cache_slots(case):
-    kind, _, outputs, llm = case
+    kind, _, outputs, llm, _ = case
     # vLLM tells workers about finished requests with the next step: run one more request.
     follow_up = llm.generate([outputs[-1].prompt], SamplingParams(max_tokens=1))[0]
     stats = drafter_stats(llm)

@@ -66,11 +66,16 @@ def reference(target_dirs):
     return samples, greedy
 
 
-@pytest.mark.parametrize("draft_sample_method", ["greedy", "probabilistic"])
+@pytest.mark.parametrize("draft_sample_method", ["greedy", "probabilistic", "greedy-tree-search"])
 def test_sampled_tokens_follow_the_target_distribution(draft_sample_method, reference,
-                                                       target_dirs, trained_drafts):
+                                                       target_dirs, trained_drafts, monkeypatch):
+    """greedy-tree-search: greedy drafting by tree search (a deterministic draft: vLLM verifies
+    its best path as a point mass, at any temperature)."""
     target, draft = target_dirs(KIND), trained_drafts(KIND)
     ref_samples, ref_greedy = reference
+    if draft_sample_method == "greedy-tree-search":
+        monkeypatch.setenv("SPARROW_TREE_TOPK", "3")
+        draft_sample_method = "greedy"
     llm = make_llm(target, max_num_seqs=64, disable_log_stats=False, speculative_config={
         "method": "sparrow", "model": str(draft), "num_speculative_tokens": 3,
         "draft_sample_method": draft_sample_method})

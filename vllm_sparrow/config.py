@@ -62,6 +62,11 @@ class SparrowConfig:
     # Adaptive length: a request's chain stops where the product of its drafted tokens' draft
     # probabilities falls below this (None: always K tokens). SPARROW_STOP_CONFIDENCE overrides.
     stop_confidence: float | None = None
+    # Tree search inside the draft (tree_search.py): score tree_topk children per node and keep
+    # the tree_topk best nodes per level while tree_budget nodes last, then hand vLLM the best
+    # path (None: the greedy chain). SPARROW_TREE_TOPK / SPARROW_TREE_BUDGET override.
+    tree_topk: int | None = None
+    tree_budget: int | None = None
 
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -115,6 +120,8 @@ class SparrowConfig:
             "window_tokens": self.window_tokens,
             "ivsb_layer": self.ivsb_layer,
             **({"stop_confidence": self.stop_confidence} if self.stop_confidence is not None else {}),
+            **({"tree_topk": self.tree_topk} if self.tree_topk is not None else {}),
+            **({"tree_budget": self.tree_budget} if self.tree_budget is not None else {}),
             "has_own_embed_tokens": self.has_own_embed_tokens,
             "has_own_lm_head": self.has_own_lm_head,
             **({"sparrow_extra": self.extra} if self.extra else {}),
@@ -145,6 +152,8 @@ class SparrowConfig:
                 window_tokens=d.get("window_tokens", 512),
                 ivsb_layer=d.get("ivsb_layer"),
                 stop_confidence=d.get("stop_confidence"),
+                tree_topk=d.get("tree_topk"),
+                tree_budget=d.get("tree_budget"),
                 has_own_embed_tokens=d.get("has_own_embed_tokens", False),
                 has_own_lm_head=d.get("has_own_lm_head", False),
                 verifier_name_or_path=verifier.get("name_or_path", ""),

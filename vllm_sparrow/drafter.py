@@ -28,6 +28,7 @@ import torch
 from .attention import WindowAttentionBackend
 from .model import SparrowDraftModel, TokenIO
 from .serving_layer import SparrowServingLayer
+from .tree_search import TreeSpec, search_chain
 from .window import TextWindowCache, WindowBatch, WindowSpec
 
 # sample(logits [B, vocab]) -> (token ids [B], probs [B, vocab] or None).
@@ -121,6 +122,9 @@ class SparrowDrafter:
         # token's probability under the draft, in last_confidence [B, K] (no CUDA graphs then).
         self.track_confidence = False
         self.last_confidence: torch.Tensor | None = None
+        # Tree search (tree_search.py, set by the owner): greedy steps hand over the best path of
+        # an EAGLE-2-style search instead of the greedy chain (no CUDA graphs then).
+        self.tree: TreeSpec | None = None
         self._confidence: list[torch.Tensor] = []
         # Text entries each recent request committed (device values, read only by stats()).
         self._released: OrderedDict[str, torch.Tensor] = OrderedDict()
@@ -162,7 +166,7 @@ class SparrowDrafter:
                              f"{self.max_draft_tokens}")
         slot_list = [self._slot(r) for r in batch.req_ids]
         decode = batch.decode_only and int(np.diff(batch.query_start).max(initial=0)) <= num_draft + 1
-        g = None if self.track_confidence else self.graphs
+        g = None if self.track_confidence or self.tree is not None else self.graphs
         self._confidence = []
         if decode and g is not None and sample is greedy and num_draft == g.num_draft and g.bucket(len(slot_list)):
             return g.run(batch, slot_list), None
@@ -174,6 +178,10 @@ class SparrowDrafter:
         else:
             slots, row_req, row_off, starts = self._host_indices(batch, slot_list)
             y_last, c_new, drafting, ctx = self._commit(batch, slots, row_req, row_off, starts, num_draft, rows)
+        if self.tree is not None and sample is greedy:
+            ids, confidence = search_chain(self, self.tree, y_last, slots, c_new, drafting, rows, num_draft)
+            self.last_confidence = confidence if self.track_confidence else None
+            return ids, None
         return self._chain(y_last, slots, c_new, drafting, ctx, num_draft, sample)
 
     def to_device(self, values) -> torch.Tensor:
@@ -372,4 +380,5 @@ class SparrowDrafter:
             "bytes_per_slot": self.cache.bytes_per_slot,
             "cache_bytes": self.cache.nbytes,
             "text_entries": entries,
+            "tree": None if self.tree is None else [self.tree.topk, self.tree.budget],
         }

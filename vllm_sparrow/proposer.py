@@ -23,6 +23,7 @@ from .draft_vocab import SubsetLogits, load_vocab
 from .drafter import Sampler, SparrowDrafter, StepBatch, greedy
 from .model import OwnTokenIO
 from .targets import target_spec
+from .tree_search import tree_spec
 from .window import TextWindowCache, WindowSpec
 
 from vllm.logger import init_logger
@@ -81,13 +82,17 @@ class SparrowProposer(EagleProposer):
         )
         self.stop_confidence = stop_confidence(cfg)
         self.drafter.track_confidence = self.stop_confidence is not None
+        self.drafter.tree = tree_spec(cfg, k)
         mode = draft_graph_mode(self.vllm_config, self.device)
+        if self.drafter.tree is not None or self.drafter.track_confidence:
+            mode = None  # tree search and adaptive length run eagerly
         if mode is not None:
             self.drafter.graphs = DecodeGraphs(self.drafter, k, default_buckets(max_seqs), capture=mode == "capture")
         logger.info(
-            "Sparrow draft %s loaded: %s-token draft vocabulary, decode steps %s; text-only window cache (anchors=%d, window=%s) of %d slots x "
+            "Sparrow draft %s loaded: %s-token draft vocabulary, %s, decode steps %s; text-only window cache (anchors=%d, window=%s) of %d slots x "
             "%d rows = %.1f MiB, attention backend %s, visual token ids %s skipped",
             draft_dir, "full" if self.drafter.vocab_ids is None else self.drafter.vocab_ids.numel(),
+            "greedy chains" if self.drafter.tree is None else f"tree search {self.drafter.tree}",
             {"capture": "in CUDA graphs", "eager": "on static buffers"}.get(mode, "eager"),
             cfg.anchor_tokens, cfg.window_tokens, max_seqs, self.drafter.cache.capacity,
             self.drafter.cache.nbytes / 2**20, backend.name, list(target.visual_token_ids),

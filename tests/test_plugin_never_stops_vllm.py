@@ -38,6 +38,7 @@ def test_on_another_vllm_version_plain_vllm_runs_and_sparrow_is_refused(target_d
 
 def test_a_patch_that_fails_is_undone_with_the_others():
     done = _run("""
+        import dataclasses
         from vllm_sparrow import patches
         from vllm.config import SpeculativeConfig
         before = SpeculativeConfig.use_eagle
@@ -45,7 +46,8 @@ def test_a_patch_that_fails_is_undone_with_the_others():
         def boom():
             raise AttributeError("vLLM moved something")
 
-        patches.GENERAL_FIXES["chat-empty-prompt"] = boom
+        patches.PATCHES = tuple(dataclasses.replace(r, apply=boom) if r.name == "chat-empty-prompt" else r
+                                for r in patches.PATCHES)
         from vllm_sparrow.plugin import register
         register()
         print("APPLIED", len(patches.APPLIED), "RESTORED", SpeculativeConfig.use_eagle is before)

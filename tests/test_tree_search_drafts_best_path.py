@@ -111,3 +111,13 @@ def test_tree_knobs_from_config_and_environment(monkeypatch):
     monkeypatch.setenv("SPARROW_TREE_TOPK", "two")
     with pytest.raises(ValueError, match="whole number"):
         tree_spec(cfg, 4)
+
+
+@torch.no_grad()
+def test_search_of_one_request_matches_its_search_in_a_batch():
+    """A batch of one lays its branches out as stride-0 views: the compiled ops need them dense."""
+    model, io = _model(), _IO()
+    sample = _sample(io)
+    alone = _batch_step(_drafter(model, io, TreeSpec(3, 3 * (D - 1))), sample, cuts=(20,))
+    batched = _batch_step(_drafter(model, io, TreeSpec(3, 3 * (D - 1))), sample)
+    assert alone.tolist() == batched[1:2].tolist()

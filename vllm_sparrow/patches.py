@@ -1,54 +1,14 @@
-"""Every touch of vLLM internals, in one place: named, listed, version-checked.
+"""Every touch of vLLM internals, in one place: one declared table, applied once per process.
 
 vLLM 0.32 has no registry of speculative methods, so `method: "sparrow"` is added to it here.
 Sparrow runs as an EAGLE-family method (the runner hands it the target's hidden states), with
 its own proposer object and its own text-only cache; vLLM allocates no draft KV cache for it.
+Besides those, the table carries general vLLM fixes met on the way (scope "fix"), each of which
+SPARROW_DISABLE_PATCHES=name,... turns off.
 
-  PATCHES (applied by `apply_patches()`, once per process; each refuses to patch twice):
-  speculative-method-literal  SpeculativeConfig.method accepts "sparrow" (pydantic rebuild)
-  speculative-post-init       SpeculativeConfig.__post_init__ validates the Sparrow draft, then
-                              runs upstream's EAGLE set-up for it
-  use-eagle                   SpeculativeConfig.use_eagle() is True for sparrow (hidden states
-                              reach the drafter, lookahead slots, drafter wiring)
-  async-scheduling-method     vllm.config.vllm's EagleModelTypes (read only by the async-scheduling
-                              check) includes sparrow, so vLLM keeps async scheduling on for it as
-                              for EAGLE: the drafter reads nothing back from the device (the CPU
-                              platform turns async scheduling off for every method anyway)
-  v2-runner-fallback          Model Runner V2 lists sparrow as unsupported, so vLLM logs and
-                              uses the V1 runner (Sparrow's proposer is a V1 EagleProposer)
-  eagle-proposer-new          EagleProposer(...) builds a SparrowProposer for method sparrow
-  runner-release-requests     GPUModelRunner._update_states tells the drafter which requests
-                              finished, were aborted or preempted, so their blocks are freed
-  speculators-algo            the speculators config registry knows "sparrow" checkpoints
-  cpu-kernel-overrides-once   (CPU only) CpuPlatform.register_triton_kernel_overrides runs once
-                              per process: upstream re-registration fails for a second engine
-                              in one process after a speculative one
-  cpu-expand-kernel-dtype     (CPU only) the C++ stand-in for the rejection sampler's
-                              expand_kernel casts its output to int64 and writes into that copy,
-                              so per-token temperatures (and top-k/top-p) at T > 0 were left
-                              uninitialised: every spec-decode run at T > 0 sampled from a wrong
-                              target distribution. Replaced by a dtype-preserving torch version.
-  cpu-topk-empty-batch        (CPU only) the rejection sampler's top-k mask takes k.max() of an
-                              empty batch when a verify step has no draft rows, so any speculative
-                              run with top_k set failed there; an empty batch is returned as is.
-  llava-ov-mixed-video-lengths  LlavaOnevision._process_video_pixels returns [1, N, H] per video
-                              when a batch holds videos of different frame counts, which vLLM
-                              rejects (engine crash); the wrapper hands back [N, H] as upstream's
-                              embed_multimodal contract asks. A target-model bug, fixed here
-                              because long-video batches of mixed lengths are Sparrow's use case.
-  pyav-video-codec            vLLM's video decoders gain "pyav" (PyAV, which this project pins):
-                              `--media-io-kwargs '{"video": {"backend": "pyav"}}'` decodes
-                              video URLs / data: URLs with it (the CPU wheel's torchcodec cannot
-                              load; opencv stays vLLM's default)
-  video-codec-fallback        when the default "opencv" codec is asked for but cv2 cannot be
-                              imported (a slim install, a broken opencv wheel), videos are
-                              decoded with "pyav" instead of failing every video request;
-                              logged once. An explicitly chosen codec is never replaced.
-  chat-empty-prompt           the OpenAI chat endpoint answers a request whose messages carry no
-                              text, image or video with a 400 saying so (vLLM would generate
-                              from the bare chat template)
-  draft-architecture          ModelRegistry knows the draft's architecture name, so vLLM's
-                              ModelConfig accepts the draft directory (SparrowProposer loads it)
+`PATCHES` below is the single list: `apply_patches()` walks it, every replacement checks that it
+touches the attribute its row declares and that no other patch holds that attribute, and the
+README's list is printed from it (`python -m vllm_sparrow.patches`, docs/vllm-patches.md).
 """
 
 from __future__ import annotations
@@ -80,31 +40,64 @@ def check_vllm_version() -> str:
     return version
 
 
+@dataclass(frozen=True)
+class Declared:
+    """One row of the table: what is patched, where, why, for whom."""
+
+    name: str
+    target: str  # the attribute replaced (or the mapping entry set), as a dotted path
+    scope: str  # "sparrow": the method needs it; "fix": a general vLLM fix or addition
+    platform: str  # "any" or "cpu"
+    reason: str
+    apply: Callable[[], None]  # shared by rows that must be applied together
+    needs: tuple[str, ...] = ()  # fixes this one builds on (turning one off turns this off)
+
+
 @dataclass
 class Patch:
     name: str
     owner: Any
     attr: str
     original: Any
+    target: str  # dotted path actually patched (checked against the declaration)
 
 
 APPLIED: dict[str, Patch] = {}
+_HELD: dict[tuple[int, str], str] = {}  # (id(owner), attr) -> the patch holding it
+
+
+def _record(name: str, owner: Any, attr: str, original: Any, target: str) -> None:
+    declared = DECLARED.get(name)
+    if declared is None:
+        raise RuntimeError(f"vllm-sparrow patch {name!r} is not declared in patches.PATCHES")
+    if target != declared.target:
+        raise RuntimeError(f"vllm-sparrow patch {name!r} touches {target}, but declares {declared.target}")
+    if name in APPLIED:
+        raise RuntimeError(f"vllm-sparrow patch {name!r} applied twice")
+    holder = _HELD.get((id(owner), attr))
+    if holder is not None:
+        raise RuntimeError(f"vllm-sparrow patches {holder!r} and {name!r} both replace {target}")
+    _HELD[(id(owner), attr)] = name
+    APPLIED[name] = Patch(name, owner, attr, original, target)
+
+
+def _path(owner: Any) -> str:
+    if hasattr(owner, "__qualname__"):
+        return f"{owner.__module__}.{owner.__qualname__}"
+    return owner.__name__  # a module
 
 
 def _patch(name: str, owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
-    """Replace owner.attr by make(original), recording it; a second call is refused."""
-    if name in APPLIED:
-        raise RuntimeError(f"vllm-sparrow patch {name!r} applied twice")
+    """Replace owner.attr by make(original), recording it; conflicts are refused."""
     original = getattr(owner, attr)
+    _record(name, owner, attr, original, f"{_path(owner)}.{attr}")
     setattr(owner, attr, make(original))
-    APPLIED[name] = Patch(name, owner, attr, original)
 
 
-def _set_entry(name: str, mapping: dict, key: str, value: Any) -> None:
-    """Set mapping[key] = value (annotations, registries), recording the old entry."""
-    if name in APPLIED:
-        raise RuntimeError(f"vllm-sparrow patch {name!r} applied twice")
-    APPLIED[name] = Patch(name, mapping, key, mapping.get(key))
+def _set_entry(name: str, mapping: dict, where: str, key: str, value: Any) -> None:
+    """Set mapping[key] = value (annotations, registries; `where` names the mapping), recording
+    the old entry."""
+    _record(name, mapping, key, mapping.get(key), f"{where}[{key!r}]")
     mapping[key] = value
 
 
@@ -119,6 +112,7 @@ def revert_patches() -> None:
         else:
             setattr(patch.owner, patch.attr, patch.original)
     APPLIED.clear()
+    _HELD.clear()
 
 
 def apply_patches() -> None:
@@ -127,21 +121,24 @@ def apply_patches() -> None:
     check_vllm_version()
     global logger
     from vllm.logger import init_logger
+    from vllm.platforms import current_platform
 
     logger = init_logger("vllm_sparrow")
-    _patch_speculative_config()
-    _patch_async_scheduling_method()
-    _patch_v2_fallback()
-    _patch_eagle_proposer()
-    _patch_runner_release()
-    _register_speculators_algo()
-    _register_draft_architecture()
     off = _disabled_fixes()
-    for name, apply in GENERAL_FIXES.items():
-        if name in off or (name == "video-codec-fallback" and "pyav-video-codec" in off):
-            logger.info("vllm-sparrow: general vLLM fix %s turned off by SPARROW_DISABLE_PATCHES", name)
-        else:
-            apply()
+    expected, done = [], set()
+    for row in PATCHES:
+        if row.platform == "cpu" and not current_platform.is_cpu():
+            continue
+        if row.scope == "fix" and ({row.name, *row.needs} & off):
+            logger.info("vllm-sparrow: general vLLM fix %s turned off by SPARROW_DISABLE_PATCHES", row.name)
+            continue
+        expected.append(row.name)
+        if row.apply not in done:
+            done.add(row.apply)
+            row.apply()
+    missing = [n for n in expected if n not in APPLIED]
+    if missing:
+        raise RuntimeError(f"vllm-sparrow: declared patches not applied: {', '.join(missing)}")
     logger.info("vllm-sparrow: %d vLLM patches applied: %s", len(APPLIED), ", ".join(APPLIED))
 
 
@@ -149,12 +146,13 @@ def _disabled_fixes() -> set[str]:
     """Names in SPARROW_DISABLE_PATCHES (comma separated) of general fixes to leave out."""
     import os
 
+    fixes = {r.name for r in PATCHES if r.scope == "fix"}
     names = {n.strip() for n in os.environ.get("SPARROW_DISABLE_PATCHES", "").split(",") if n.strip()}
-    for name in sorted(names - set(GENERAL_FIXES)):
+    for name in sorted(names - fixes):
         logger.warning("vllm-sparrow: SPARROW_DISABLE_PATCHES names %r, which is %s; the fixes that can be "
-                       "turned off are: %s", name, "needed by the sparrow method" if name in SPARROW_PATCHES
-                       else "no patch", ", ".join(GENERAL_FIXES))
-    return names & set(GENERAL_FIXES)
+                       "turned off are: %s", name, "needed by the sparrow method" if name in DECLARED
+                       else "no patch", ", ".join(sorted(fixes)))
+    return names & fixes
 
 
 # ---- config ----------------------------------------------------------------------------
@@ -167,7 +165,7 @@ def _patch_speculative_config() -> None:
     cls = spec_mod.SpeculativeConfig
     extended = Literal[spec_mod.SpeculativeMethod, Literal[METHOD]] | None  # type: ignore[valid-type]
     # pydantic validates against the dataclass field type, so both must change before rebuild.
-    _set_entry("speculative-method-literal", cls.__annotations__, "method", extended)
+    _set_entry("speculative-method-literal", cls.__annotations__, f"{_path(cls)}.__annotations__", "method", extended)
     cls.__dataclass_fields__["method"].type = extended
     _patch("speculative-post-init", cls, "__post_init__", _wrap_post_init)
     _patch("use-eagle", cls, "use_eagle", _wrap_use_eagle)
@@ -217,7 +215,7 @@ def _patch_async_scheduling_method() -> None:
     from vllm.config import vllm as vllm_config_mod
 
     extended = Literal[vllm_config_mod.EagleModelTypes, Literal[METHOD]]  # type: ignore[valid-type]
-    _set_entry("async-scheduling-method", vars(vllm_config_mod), "EagleModelTypes", extended)
+    _set_entry("async-scheduling-method", vars(vllm_config_mod), "vars(vllm.config.vllm)", "EagleModelTypes", extended)
 
 
 def _patch_v2_fallback() -> None:
@@ -283,7 +281,8 @@ def _register_speculators_algo() -> None:
         for key in ("target_hidden_size", "anchor_tokens", "window_tokens", "ivsb_layer"):
             pre_trained_config[key] = config_dict.get(key)
 
-    _set_entry("speculators-algo", algos.SUPPORTED_SPECULATORS_TYPES, METHOD, update_sparrow)
+    _set_entry("speculators-algo", algos.SUPPORTED_SPECULATORS_TYPES, f"{algos.__name__}.SUPPORTED_SPECULATORS_TYPES",
+               METHOD, update_sparrow)
 
 
 def _register_draft_architecture() -> None:
@@ -293,15 +292,14 @@ def _register_draft_architecture() -> None:
 
     if DRAFT_ARCHITECTURE in ModelRegistry.get_supported_archs():
         raise RuntimeError(f"vllm-sparrow: architecture {DRAFT_ARCHITECTURE} registered twice")
+    _record("draft-architecture", ModelRegistry.models, DRAFT_ARCHITECTURE, None,
+            f"vllm.ModelRegistry.models[{DRAFT_ARCHITECTURE!r}]")
     ModelRegistry.register_model(DRAFT_ARCHITECTURE, "vllm_sparrow.model:SparrowDraftModel")
-    APPLIED["draft-architecture"] = Patch("draft-architecture", ModelRegistry, DRAFT_ARCHITECTURE, None)
 
 
 def _patch_cpu_kernel_overrides() -> None:
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
-        return
     cls = type(current_platform)
 
     def make(original):
@@ -319,10 +317,6 @@ def _patch_cpu_kernel_overrides() -> None:
 
 
 def _patch_cpu_topk_empty_batch() -> None:
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
     from vllm.v1.sample.ops import topk_topp_sampler
 
     def make(original: Callable) -> Callable:
@@ -338,10 +332,6 @@ def _patch_cpu_topk_empty_batch() -> None:
 
 
 def _patch_cpu_expand_kernel() -> None:
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
     from vllm.utils import cpu_triton_utils
 
     # Upstream's register_triton_kernel_overrides reads this attribute when a worker starts,
@@ -399,7 +389,8 @@ def _register_pyav_video_codec() -> None:
     from .video import DecodeLimits
 
     # The backend's options (its limits), settable in --media-io-kwargs' "video" object.
-    _set_entry("pyav-video-codec", video_decoders._BACKEND_OPTION_DEFAULTS, "pyav", asdict(DecodeLimits()))
+    _set_entry("pyav-video-codec", video_decoders._BACKEND_OPTION_DEFAULTS,
+               f"{video_decoders.__name__}._BACKEND_OPTION_DEFAULTS", "pyav", asdict(DecodeLimits()))
 
 
 def decode_pyav(loader_cls, data: bytes, target, sampling_kwargs: dict, **limits):
@@ -482,18 +473,75 @@ def _has_content(message) -> bool:
     return False
 
 
-# Sparrow's own patches: the method cannot work without them.
-SPARROW_PATCHES = ("speculative-method-literal", "speculative-post-init", "use-eagle", "async-scheduling-method",
-                   "v2-runner-fallback", "eagle-proposer-new", "runner-release-requests", "speculators-algo",
-                   "draft-architecture")
-# General vLLM fixes and additions carried here, each of which SPARROW_DISABLE_PATCHES=name can
-# turn off (turning off pyav-video-codec also turns off video-codec-fallback, which uses it).
-GENERAL_FIXES = {
-    "cpu-kernel-overrides-once": _patch_cpu_kernel_overrides,
-    "cpu-expand-kernel-dtype": _patch_cpu_expand_kernel,
-    "cpu-topk-empty-batch": _patch_cpu_topk_empty_batch,
-    "llava-ov-mixed-video-lengths": _patch_llava_ov_video_lengths,
-    "pyav-video-codec": _register_pyav_video_codec,
-    "video-codec-fallback": _patch_video_codec_fallback,
-    "chat-empty-prompt": _patch_chat_empty_prompt,
-}
+# ---- the table --------------------------------------------------------------------------
+_SPEC = "vllm.config.speculative.SpeculativeConfig"
+PATCHES: tuple[Declared, ...] = (
+    Declared("speculative-method-literal", f"{_SPEC}.__annotations__['method']", "sparrow", "any",
+             "SpeculativeConfig.method accepts \"sparrow\" (pydantic rebuild)", _patch_speculative_config),
+    Declared("speculative-post-init", f"{_SPEC}.__post_init__", "sparrow", "any",
+             "validates the Sparrow draft against the target, then runs upstream's EAGLE set-up for it",
+             _patch_speculative_config),
+    Declared("use-eagle", f"{_SPEC}.use_eagle", "sparrow", "any",
+             "True for sparrow: hidden states reach the drafter, lookahead slots, drafter wiring",
+             _patch_speculative_config),
+    Declared("async-scheduling-method", "vars(vllm.config.vllm)['EagleModelTypes']", "sparrow", "any",
+             "the async-scheduling check accepts sparrow as it does EAGLE (the drafter reads nothing back "
+             "from the device; the CPU platform turns async scheduling off for every method anyway)",
+             _patch_async_scheduling_method),
+    Declared("v2-runner-fallback", "vllm.config.vllm.VllmConfig._get_v2_model_runner_unsupported_features",
+             "sparrow", "any", "Model Runner V2 lists sparrow as unsupported, so vLLM uses the V1 runner "
+             "(Sparrow's proposer is a V1 EagleProposer)", _patch_v2_fallback),
+    Declared("eagle-proposer-new", "vllm.v1.spec_decode.eagle.EagleProposer.__new__", "sparrow", "any",
+             "EagleProposer(...) builds a SparrowProposer for method sparrow", _patch_eagle_proposer),
+    Declared("runner-release-requests", "vllm.v1.worker.gpu_model_runner.GPUModelRunner._update_states",
+             "sparrow", "any", "tells the drafter which requests finished, were aborted or preempted, so their "
+             "draft cache slots are freed", _patch_runner_release),
+    Declared("speculators-algo",
+             "vllm.transformers_utils.configs.speculators.algos.SUPPORTED_SPECULATORS_TYPES['sparrow']",
+             "sparrow", "any", "the speculators config registry reads \"sparrow\" checkpoints",
+             _register_speculators_algo),
+    Declared("draft-architecture", "vllm.ModelRegistry.models['SparrowDraftModel']", "sparrow", "any",
+             "vLLM's ModelConfig accepts the draft directory (SparrowProposer loads it)",
+             _register_draft_architecture),
+    Declared("cpu-kernel-overrides-once", "vllm.platforms.cpu.CpuPlatform.register_triton_kernel_overrides",
+             "fix", "cpu", "runs once per process: re-registration failed for a second engine in one process "
+             "after a speculative one", _patch_cpu_kernel_overrides),
+    Declared("cpu-expand-kernel-dtype", "vllm.utils.cpu_triton_utils._expand_kernel_impl", "fix", "cpu",
+             "the rejection sampler's expand_kernel stand-in wrote into an int64 copy, leaving per-token "
+             "temperatures (and top-k/top-p) uninitialised: every T > 0 spec-decode run sampled from a wrong "
+             "distribution; replaced by a dtype-preserving torch version", _patch_cpu_expand_kernel),
+    Declared("cpu-topk-empty-batch", "vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_only", "fix", "cpu",
+             "the top-k mask took k.max() of an empty batch on a verify step without draft rows, so any "
+             "speculative run with top_k failed; an empty batch is returned as is", _patch_cpu_topk_empty_batch),
+    Declared("llava-ov-mixed-video-lengths",
+             "vllm.model_executor.models.llava_onevision.LlavaOnevisionForConditionalGeneration._process_video_pixels",
+             "fix", "any", "a batch of videos of different frame counts gave [1, N, H] per video, which vLLM "
+             "rejects (engine crash); [N, H] is handed back as embed_multimodal's contract asks",
+             _patch_llava_ov_video_lengths),
+    Declared("pyav-video-codec", "vllm.multimodal.video_decoders._BACKEND_OPTION_DEFAULTS['pyav']", "fix", "any",
+             "vLLM's video decoders gain \"pyav\" (`--media-io-kwargs '{\"video\": {\"backend\": \"pyav\"}}'`), "
+             "with the decode limits of video.DecodeLimits as its options (the CPU wheel's torchcodec cannot load)",
+             _register_pyav_video_codec),
+    Declared("video-codec-fallback", "vllm.multimodal.video.decode_video", "fix", "any",
+             "when the default opencv codec is asked for but cv2 cannot be imported, videos are decoded with "
+             "pyav instead of failing every video request (logged once; a chosen codec is never replaced)",
+             _patch_video_codec_fallback, needs=("pyav-video-codec",)),
+    Declared("chat-empty-prompt", "vllm.entrypoints.openai.chat_completion.serving.OpenAIServingChat"
+             ".create_chat_completion", "fix", "any", "a chat request whose messages carry no text, image or "
+             "video gets a 400 saying so (vLLM would generate from the bare chat template)",
+             _patch_chat_empty_prompt),
+)
+DECLARED = {row.name: row for row in PATCHES}
+
+
+def table_markdown() -> str:
+    """The README's list of patches (docs/vllm-patches.md), generated from PATCHES."""
+    rows = ["| patch | replaces | scope | platform | why |", "|---|---|---|---|---|"]
+    for r in PATCHES:
+        scope = "sparrow (required)" if r.scope == "sparrow" else "general fix (can be turned off)"
+        rows.append(f"| `{r.name}` | `{r.target}` | {scope} | {r.platform} | {r.reason} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(table_markdown(), end="")

@@ -169,6 +169,9 @@ class SparrowServingLayer:
         n, dt = target_hidden.shape[0], next_embeds.dtype
         if target_hidden.dtype != dt:
             target_hidden = target_hidden.to(dt)
+        # vLLM's compiled ops read raw dense memory: a broadcast view (stride 0) would be read
+        # past its end. No copy when the inputs are dense already.
+        target_hidden, positions = target_hidden.contiguous(), positions.contiguous()
         fused_in = torch.cat([self._norm(next_embeds, "embed_norm"), self._norm(target_hidden, "hidden_norm")], -1)
         x = self.fc(fused_in)  # [N, H]
         qkv = self.qkv(self._norm(x, "input_norm"))  # [N, (nh + 2 nkv) * D]

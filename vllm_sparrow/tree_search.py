@@ -140,13 +140,13 @@ def search_chain(drafter, spec: TreeSpec, y, slots, c_new, drafting, rows: int |
     logp = drafter.io.logits(y).float().log_softmax(-1)  # [B, V]
     score, col = logp.topk(widths[0] if widths else 1, -1)  # [B, w] the depth-1 frontier
     paths, cum = col[:, :, None], score[:, :, None]  # [B, w, depth] each node's path, prefix scores
-    parent_states = y[:, None].expand(B, score.shape[1], y.shape[-1])  # [B, w, H]
+    parent_states = y[:, None].repeat(1, score.shape[1], 1)  # [B, w, H]
     keys = BranchKeys(drafter.cache, slots, c_new, rows, widths[0], K, y.dtype) if widths else None
     for level in range(1, K):
         # The frontier (depth `level`) through one draft forward: every node at text index
         # c_new + level - 1, reading the committed keys and its own branch's.
         w = paths.shape[1]
-        wb = _FrontierBatch(slots, (c_new + level - 1)[:, None].expand(B, w), drafting[:, None].expand(B, w), c_new)
+        wb = _FrontierBatch(slots, (c_new + level - 1)[:, None].repeat(1, w), drafting[:, None].expand(B, w), c_new)
         states = drafter._forward(parent_states.reshape(B * w, -1), ids_of(paths[:, :, -1]), wb,
                                   lambda q, k, v, lv=level: keys.attend(lv, q, k, v)).view(B, w, -1)
         # Score the children; the best w_next of them form the next frontier (1: only the best

@@ -1,0 +1,39 @@
+"""Every patch of vLLM internals is a row of patches.PATCHES: what was applied is what the table
+declares (the attribute it replaced, nothing undeclared, nothing missing on this platform), two
+patches never replace one attribute, and docs/vllm-patches.md is the table as generated."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from vllm.platforms import current_platform
+
+from vllm_sparrow import patches
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "vllm-patches.md"
+
+
+def test_applied_patches_are_the_declared_rows_for_this_platform():
+    patches.apply_patches()  # idempotent; the plugin applied them when vLLM loaded
+    here = [r.name for r in patches.PATCHES if r.platform == "any" or current_platform.is_cpu()]
+    assert list(patches.APPLIED) == here
+    for name, applied in patches.APPLIED.items():
+        assert applied.target == patches.DECLARED[name].target
+        if not isinstance(applied.owner, dict):  # replaced, not just recorded
+            assert getattr(applied.owner, applied.attr) is not applied.original, name
+
+
+def test_two_patches_of_one_attribute_are_refused(monkeypatch):
+    patches.apply_patches()
+    held = patches.APPLIED["use-eagle"]
+    rival = dataclasses.replace(patches.DECLARED["use-eagle"], name="rival")
+    monkeypatch.setitem(patches.DECLARED, "rival", rival)
+    with pytest.raises(RuntimeError, match="'use-eagle' and 'rival' both replace"):
+        patches._patch("rival", held.owner, held.attr, lambda original: original)
+    with pytest.raises(RuntimeError, match="not declared"):
+        patches._patch("undeclared", held.owner, "__repr__", lambda original: original)
+
+
+def test_patch_list_in_docs_is_generated_from_the_table():
+    assert patches.table_markdown() in DOC.read_text(), "regenerate: python -m vllm_sparrow.patches"
+    assert len({r.target for r in patches.PATCHES}) == len(patches.PATCHES)

@@ -153,7 +153,8 @@ def search_chain(drafter, spec: TreeSpec, y, slots, c_new, drafting, rows: int |
         # child of each node can win, so one child each is scored).
         w_next = widths[level] if level < K - 1 else 1
         k = spec.topk if w_next > 1 else 1
-        lp, child = drafter.io.logits(states).float().log_softmax(-1).topk(k, -1)  # [B, w, k]
+        logits = drafter.io.logits(states.view(B * w, -1)).float().view(B, w, -1)  # [B, w, V]
+        lp, child = logits.log_softmax(-1).topk(k, -1)  # [B, w, k]
         cand = (score[:, :, None] + lp).flatten(1)  # [B, w * k]
         keep = cand.topk(w_next, -1).indices  # [B, w_next]
         parent = torch.div(keep, k, rounding_mode="floor")  # [B, w_next] frontier node each continues

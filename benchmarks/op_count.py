@@ -30,8 +30,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from vllm import LLM, SamplingParams
 
-    from vllm_sparrow.testing.op_count import count_draft_ops, draft_op_records
-    from vllm_sparrow.testing.tiny_targets import make_prompt
+    from sparrow_world.bench.op_count import count_draft_ops, draft_op_records
+    from sparrow_world.tiny_targets import make_prompt
 
     sizes = [int(x) for x in args.batch_sizes.split(",")]
     target = os.path.join(args.models, "target")

@@ -1,4 +1,4 @@
-"""Would tree verification pay? Chains vs tree search vs trees on held-out clips (issue 17).
+"""Would tree verification pay? Chains vs tree search vs trees on held-out clips.
 
     python benchmarks/tree_replay.py [--models models/world] [--lengths 512,17408] [--clips 4]
                                      [--out runs/tree-replay]
@@ -27,8 +27,8 @@ def main(argv=None) -> int:
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--out", default="runs/tree-replay")
     args = ap.parse_args(argv)
-    from vllm_sparrow.bench.clips import eval_clips
-    from vllm_sparrow.bench.config import BenchConfig
+    from sparrow_world.bench.clips import eval_clips
+    from sparrow_world.bench.config import BenchConfig
     from vllm_sparrow.checkpoint import load_draft
     from vllm_sparrow.durable import atomic_write_text
     from vllm_sparrow.training.capture import CaptureConfig, capture

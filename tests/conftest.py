@@ -15,7 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 
-from vllm_sparrow.testing.tiny_targets import build_tiny_target, make_prompt
+from sparrow_world.tiny_targets import build_tiny_target, make_prompt
 
 # Prompts the quick drafts are distilled on (so text requests accept drafts).
 TRAINED_TEXTS = ["describe the red square moving left", "what happens after the blue circle appears"]
@@ -43,7 +43,7 @@ def trained_drafts(workdir, target_dirs):
     """A draft distilled on the target's own continuations of TRAINED_TEXTS (chat-templated)."""
     from transformers import AutoTokenizer
 
-    from vllm_sparrow.testing.quick_draft import make_trained_draft
+    from quick_draft import make_trained_draft
 
     cache = {}
 
@@ -121,8 +121,8 @@ def small_capture(workdir, target_dirs):
 def quick_bench(workdir):
     """`sparrow bench --quick` on the shipped demo models, every method plus an untrained Sparrow
     draft as an ablation: run once, read by the benchmark and the demo-model tests."""
-    from vllm_sparrow.bench.config import BenchConfig, quick
-    from vllm_sparrow.bench.run import run_bench
+    from sparrow_world.bench.config import BenchConfig, quick
+    from sparrow_world.bench.run import run_bench
     from vllm_sparrow.checkpoint import init_draft
 
     untrained = init_draft(os.path.join(DEMO_MODELS, "target"), workdir / "untrained-world-draft",

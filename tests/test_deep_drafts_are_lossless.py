@@ -1,18 +1,18 @@
-"""Deeper drafts (issue 17): the shipped Sparrow draft serves K = 8 speculative tokens per step,
+"""Deeper drafts: the shipped Sparrow draft serves K = 8 speculative tokens per step,
 losslessly, on video and text prompts mixed in one batch, and its deep positions are accepted
 (the tree replay predicts 0.93-0.99 per position on the demo world)."""
 
 from conftest import DEMO_MODELS, close_llm, make_llm
 from vllm import SamplingParams
 
-from vllm_sparrow.testing.engine import spec_counters
-from vllm_sparrow.testing.tiny_targets import make_prompt
+from engine_probe import spec_counters
+from sparrow_world.tiny_targets import make_prompt
 
 K = 8
 
 
 def test_sparrow_at_depth_8_is_lossless_and_accepts_deep_positions(tmp_path):
-    from vllm_sparrow.bench.clips import eval_clips
+    from sparrow_world.bench.clips import eval_clips
     from vllm_sparrow.video import decode_video
 
     target = f"{DEMO_MODELS}/target"

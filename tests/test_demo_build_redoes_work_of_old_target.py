@@ -5,7 +5,7 @@ extend a capture of the old target or resume drafts trained on it."""
 import torch
 from safetensors.torch import save_file
 
-from vllm_sparrow.demo.build import _forget_work_of_other_targets
+from sparrow_world.demo.build import _forget_work_of_other_targets
 from vllm_sparrow.fingerprint import weights_fingerprint
 from vllm_sparrow.training.shards import Manifest, save_manifest
 
@@ -56,7 +56,7 @@ def test_build_retrains_a_draft_whose_recipe_changed(small_capture, tmp_path):
     """A draft run made with another recipe (here IVSB dropout) is trained again, not refused."""
     import json
 
-    from vllm_sparrow.demo.build import DemoBuildConfig, _train_draft
+    from sparrow_world.demo.build import DemoBuildConfig, _train_draft
 
     cfg = DemoBuildConfig(draft_steps=2, holdout=1, window_tokens=16, mtp_steps=1, visual_drop=0.0)
     run, dest = tmp_path / "train-sparrow", tmp_path / "sparrow"
@@ -74,7 +74,7 @@ def test_target_training_starts_over_when_its_recipe_changed(tmp_path, monkeypat
     import dataclasses
     import json
 
-    from vllm_sparrow.demo import train_target as tt
+    from sparrow_world.demo import train_target as tt
 
     monkeypatch.setattr(tt, "LONG_EVAL_SCENES", 0)  # keep the evals tiny
     cfg = tt.TargetTrainConfig(minutes=0.05, extension=tt.Extension(minutes=0.05), eval_scenes=1)

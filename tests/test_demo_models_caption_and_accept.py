@@ -35,11 +35,11 @@ def target_eval():
     import torch
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-    from vllm_sparrow.demo.target_data import WorldBatches
-    from vllm_sparrow.demo.train_target import EVAL_SEED0, evaluate
-    from vllm_sparrow.testing.tiny_targets import make_prompt
-    from vllm_sparrow.world import WorldConfig
-    from vllm_sparrow.world.caption import PROMPT
+    from sparrow_world.demo.target_data import WorldBatches
+    from sparrow_world.demo.train_target import EVAL_SEED0, evaluate
+    from sparrow_world.tiny_targets import make_prompt
+    from sparrow_world.world import WorldConfig
+    from sparrow_world.world.caption import PROMPT
 
     target = os.path.join(DEMO_MODELS, "target")
     tok = AutoTokenizer.from_pretrained(target)
@@ -75,10 +75,20 @@ def test_target_reads_long_clips_as_well_as_short_ones(target_eval):
         assert long[kind] > blank[kind] + 0.25, (kind, long, blank)
 
 
-def test_captions_with_sparrow_equal_the_targets_on_the_sample_videos():
-    from vllm_sparrow.demo.run_demo import run_demo
+def test_captions_with_sparrow_equal_the_targets_on_the_sample_videos(tmp_path):
+    """`make demo` as a user runs it: the report on the terminal, vLLM's own output (Python logs,
+    C++ warnings, progress bars) in the log file; exit status 0: every caption identical."""
+    import subprocess
+    import sys
 
-    assert run_demo(max_tokens=160) == 0  # 0: every caption identical without and with sparrow
+    log = tmp_path / "vllm.log"
+    done = subprocess.run([sys.executable, "-m", "vllm_sparrow.cli", "demo", "--max-tokens", "160", "--log", str(log)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "caption with sparrow" in done.stdout and "mean acceptance length" in done.stdout
+    assert "identical to the target's greedy caption" in done.stdout
+    assert "Initializing a V1 LLM engine" not in done.stdout + done.stderr
+    assert "Initializing a V1 LLM engine" in log.read_text()
 
 
 def test_each_shipped_draft_is_accepted_in_vllm_as_its_held_out_replay_predicts(quick_bench):

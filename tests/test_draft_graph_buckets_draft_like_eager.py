@@ -20,8 +20,8 @@ from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.draft_graphs import DecodeGraphs, default_buckets
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
 from vllm_sparrow.model import SparrowDraftModel
-from vllm_sparrow.testing.engine import drafter_inputs, record_drafter_inputs
-from vllm_sparrow.testing.tiny_targets import make_prompt
+from engine_probe import drafter_inputs, record_drafter_inputs
+from sparrow_world.tiny_targets import make_prompt
 
 H, V, K = 64, 50, 3
 

@@ -5,8 +5,8 @@ target is free again once all requests have ended."""
 from conftest import TRAINED_TEXTS, close_llm, make_llm
 from vllm import SamplingParams
 
-from vllm_sparrow.testing.engine import drafter_stats
-from vllm_sparrow.testing.tiny_targets import make_prompt
+from engine_probe import drafter_stats
+from sparrow_world.tiny_targets import make_prompt
 
 KIND = "qwen2_5_vl"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)

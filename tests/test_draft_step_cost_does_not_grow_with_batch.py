@@ -16,8 +16,8 @@ from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
 from vllm_sparrow.model import SparrowDraftModel
-from vllm_sparrow.testing.op_count import count_draft_ops, draft_op_records
-from vllm_sparrow.testing.tiny_targets import make_prompt
+from sparrow_world.bench.op_count import count_draft_ops, draft_op_records
+from sparrow_world.tiny_targets import make_prompt
 
 KIND, K = "qwen2_5_vl", 3
 PARAMS = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)

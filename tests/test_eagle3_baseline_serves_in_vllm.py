@@ -11,8 +11,8 @@ import torch
 from conftest import close_llm, make_llm
 from vllm import SamplingParams
 
-from vllm_sparrow.testing.engine import spec_counters
-from vllm_sparrow.testing.tiny_targets import make_prompt
+from engine_probe import spec_counters
+from sparrow_world.tiny_targets import make_prompt
 
 KIND, K = "qwen2_5_vl", 3
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)

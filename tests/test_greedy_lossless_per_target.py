@@ -7,14 +7,14 @@ import pytest
 from conftest import TRAINED_TEXTS, close_llm, make_llm
 from vllm import SamplingParams
 
-from vllm_sparrow.testing.engine import (
+from engine_probe import (
     drafter_inputs,
     drafter_stats,
     record_drafter_inputs,
     spec_counters,
     text_entries_by_request,
 )
-from vllm_sparrow.testing.tiny_targets import make_prompt
+from sparrow_world.tiny_targets import make_prompt
 
 K = 3
 MAX_TOKENS = 40

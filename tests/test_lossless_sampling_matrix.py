@@ -9,11 +9,11 @@ from collections import Counter
 
 import pytest
 from conftest import TRAINED_TEXTS, close_llm, make_llm
-from test_sampling_distribution_matches_target import _chi2_critical, _chi2_homogeneity
+from distribution_checks import chi2_critical, chi2_homogeneity
 from vllm import SamplingParams
 from vllm.sampling_params import StructuredOutputsParams
 
-from vllm_sparrow.testing.tiny_targets import make_prompt
+from sparrow_world.tiny_targets import make_prompt
 
 KIND, K, N = "qwen2_5_vl", 3, 500
 MAX = 64
@@ -112,9 +112,9 @@ def test_sampled_features_follow_the_targets_distribution(runs, feature):
     ref, got = runs["reference"][feature], runs["served"][feature]
     assert len(got) == len(ref) == N
     for pos in (1, 2, 3):  # tokens that come from verified drafts
-        stat, df = _chi2_homogeneity(Counter(s[pos] for s in ref), Counter(s[pos] for s in got))
+        stat, df = chi2_homogeneity(Counter(s[pos] for s in ref), Counter(s[pos] for s in got))
         assert df >= 2, "the distribution must not be degenerate for the test to mean anything"
-        assert stat < _chi2_critical(df), f"{feature}, token {pos}: chi2={stat:.1f} df={df}"
+        assert stat < chi2_critical(df), f"{feature}, token {pos}: chi2={stat:.1f} df={df}"
 
 
 def test_a_seed_reproduces_the_same_sampled_output(runs):

@@ -6,8 +6,8 @@ import pytest
 from conftest import TRAINED_TEXTS, close_llm, make_llm
 from vllm import SamplingParams
 
-from vllm_sparrow.testing.engine import drafter_stats
-from vllm_sparrow.testing.tiny_targets import make_prompt
+from engine_probe import drafter_stats
+from sparrow_world.tiny_targets import make_prompt
 
 KIND = "qwen2_5_vl"
 CHUNK = 64  # max_num_batched_tokens: every prompt below is prefilled in several steps

@@ -11,7 +11,7 @@ from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
 from vllm_sparrow.model import SparrowDraftModel
 from vllm_sparrow.training.ivsb import VisualBridge, pick_visual, visual_keys, visual_text_positions
-from vllm_sparrow.training.mtp import unrolled_stages
+from vllm_sparrow.training.objective import unrolled_stages
 
 H, VOCAB = 64, 50
 

@@ -6,7 +6,7 @@ A tiny 4-layer Qwen2.5-VL target (eager attention) probed on two synthetic video
 import pytest
 import torch
 
-from vllm_sparrow.testing.tiny_targets import build_tiny_target, make_prompt
+from sparrow_world.tiny_targets import build_tiny_target, make_prompt
 from vllm_sparrow.training.probe_layers import format_probe, probe_layers, suggest_layer
 
 KIND = "qwen2_5_vl"

@@ -8,7 +8,7 @@ import pytest
 from conftest import close_llm, make_llm
 from vllm import SamplingParams
 
-from vllm_sparrow.testing.tiny_targets import make_prompt
+from sparrow_world.tiny_targets import make_prompt
 from vllm_sparrow.video import VideoDecodeError, write_synthetic_clip
 
 KIND = "qwen2_5_vl"

@@ -15,8 +15,8 @@ from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.draft_vocab import VOCAB_FILE, SubsetLogits, count_text_tokens, load_vocab, save_vocab, top_tokens
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
 from vllm_sparrow.model import SparrowDraftModel
-from vllm_sparrow.testing.engine import spec_counters
-from vllm_sparrow.testing.tiny_targets import make_prompt
+from engine_probe import spec_counters
+from sparrow_world.tiny_targets import make_prompt
 
 H, V, K = 64, 40, 3
 

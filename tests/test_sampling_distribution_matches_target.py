@@ -6,15 +6,15 @@ per-token temperatures were uninitialised memory, so every T > 0 spec-decode run
 wrong distribution (chi2 ~ 1160 on 16 df here before the fix).
 """
 
-import math
 from collections import Counter
 
 import pytest
 from conftest import TRAINED_TEXTS, close_llm, make_llm
+from distribution_checks import chi2_critical, chi2_homogeneity
 from vllm import SamplingParams
 
-from vllm_sparrow.testing.engine import spec_counters
-from vllm_sparrow.testing.tiny_targets import make_prompt
+from engine_probe import spec_counters
+from sparrow_world.tiny_targets import make_prompt
 
 KIND = "qwen2_5_vl"
 N = 800
@@ -31,30 +31,6 @@ def _run(llm, target):
     outs = llm.generate([sampled] * N + greedy, params, use_tqdm=False)
     tokens = [tuple(o.outputs[0].token_ids) for o in outs]
     return tokens[:N], tokens[N:]
-
-
-def _chi2_homogeneity(a: Counter, b: Counter) -> tuple[float, int]:
-    """Two-sample chi-square statistic and degrees of freedom; rare categories are pooled."""
-    na, nb = sum(a.values()), sum(b.values())
-    cats, rare_a, rare_b = [], 0, 0
-    for k in set(a) | set(b):
-        if a[k] + b[k] >= 10:
-            cats.append((a[k], b[k]))
-        else:
-            rare_a, rare_b = rare_a + a[k], rare_b + b[k]
-    if rare_a + rare_b:
-        cats.append((rare_a, rare_b))
-    stat = 0.0
-    for ca, cb in cats:
-        tot = ca + cb
-        ea, eb = tot * na / (na + nb), tot * nb / (na + nb)
-        stat += (ca - ea) ** 2 / ea + (cb - eb) ** 2 / eb
-    return stat, len(cats) - 1
-
-
-def _chi2_critical(df: int, z: float = 3.09) -> float:
-    """Upper quantile (p = 0.001 for z = 3.09) by the Wilson-Hilferty approximation."""
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +63,6 @@ def test_sampled_tokens_follow_the_target_distribution(draft_sample_method, refe
     # paths, so acceptance is modest here; what matters is that accepted drafts are exercised.
     assert counters["num_accepted_tokens"] > 0, counters
     for pos in POSITIONS:
-        stat, df = _chi2_homogeneity(Counter(s[pos] for s in ref_samples), Counter(s[pos] for s in samples))
+        stat, df = chi2_homogeneity(Counter(s[pos] for s in ref_samples), Counter(s[pos] for s in samples))
         assert df >= 3, "the distribution must not be degenerate for the test to mean anything"
-        assert stat < _chi2_critical(df), f"token {pos}: chi2={stat:.1f} df={df}"
+        assert stat < chi2_critical(df), f"token {pos}: chi2={stat:.1f} df={df}"

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from conftest import DEMO_MODELS
 
-from vllm_sparrow.demo.target_data import CONT, token_categories, word_hits
-from vllm_sparrow.demo.vision_aux import IGNORE, TASKS, VisionHeads, token_labels
-from vllm_sparrow.world import WorldConfig, caption, render, sample_scene
-from vllm_sparrow.world.render import BACKGROUND, object_map
-from vllm_sparrow.world.scene import COLOURS, MOTIONS, SHAPES, SIZES, ObjectTrack, Scene
+from sparrow_world.demo.target_data import CONT, token_categories, word_hits
+from sparrow_world.demo.vision_aux import IGNORE, TASKS, VisionHeads, token_labels
+from sparrow_world.world import WorldConfig, caption, render, sample_scene
+from sparrow_world.world.render import BACKGROUND, object_map
+from sparrow_world.world.scene import COLOURS, MOTIONS, SHAPES, SIZES, ObjectTrack, Scene
 
 
 @pytest.mark.parametrize("seed", range(3))

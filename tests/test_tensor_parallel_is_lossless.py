@@ -14,8 +14,8 @@ from conftest import DEMO_MODELS
 SCRIPT = textwrap.dedent("""
     import json, sys
     from vllm import LLM, SamplingParams
-    from vllm_sparrow.bench.clips import eval_clips
-    from vllm_sparrow.testing.tiny_targets import make_prompt
+    from sparrow_world.bench.clips import eval_clips
+    from sparrow_world.tiny_targets import make_prompt
     from vllm_sparrow.video import decode_video
 
     def main():

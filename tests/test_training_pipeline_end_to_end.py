@@ -4,7 +4,7 @@ ones vLLM hands the proposer.
 
 The tiny random target has no structure that carries over to unseen prompts (its greedy text is
 chaotic), so acceptance is measured on samples the draft was trained on; the generalisation
-test lives with the learnable demo world (issue 4).
+test lives with the learnable demo world.
 """
 
 import json
@@ -14,7 +14,7 @@ import torch
 from conftest import close_llm, make_llm
 from vllm import SamplingParams
 
-from vllm_sparrow.testing.engine import drafter_inputs, record_drafter_inputs, spec_counters
+from engine_probe import drafter_inputs, record_drafter_inputs, spec_counters
 
 KIND = "qwen2_5_vl"
 PROMPTS = ["describe the video", "what moves first", "name the colours you see", "count the shapes"]

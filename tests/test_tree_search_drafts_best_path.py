@@ -7,7 +7,7 @@ test_greedy_lossless_per_target.py and test_sampling_distribution_matches_target
 
 import pytest
 import torch
-from test_tree_replay_measures_chains_and_trees import D, _IO, _model, _sample
+from tiny_drafts import D, IO, greedy_sample, tiny_draft
 
 from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
@@ -55,8 +55,8 @@ def _replay_best_paths(model, io, sample, topk):
 
 @torch.no_grad()
 def test_served_search_returns_the_replay_searchs_best_path():
-    model, io = _model(), _IO()
-    sample = _sample(io)
+    model, io = tiny_draft(), IO()
+    sample = greedy_sample(io)
     served = _batch_step(_drafter(model, io, TreeSpec(topk=3, budget=3 * (D - 1))), sample)
     assert served.tolist() == _replay_best_paths(model, io, sample, topk=3)
     greedy = _batch_step(_drafter(model, io, None), sample)
@@ -66,25 +66,25 @@ def test_served_search_returns_the_replay_searchs_best_path():
 @torch.no_grad()
 def test_one_branch_search_is_the_greedy_chain():
     """Width 1 at every level: the branch-private keys must reproduce the chain's attention."""
-    model, io = _model(), _IO()
-    sample = _sample(io)
+    model, io = tiny_draft(), IO()
+    sample = greedy_sample(io)
     greedy = _batch_step(_drafter(model, io, None), sample)
     assert torch.equal(_batch_step(_drafter(model, io, TreeSpec(topk=1, budget=1)), sample), greedy)
 
 
 @torch.no_grad()
 def test_confidence_of_the_searched_path_is_its_draft_probability():
-    model, io = _model(), _IO()
+    model, io = tiny_draft(), IO()
     d = _drafter(model, io, TreeSpec(topk=3, budget=6))
     d.track_confidence = True
-    ids = _batch_step(d, _sample(io))
+    ids = _batch_step(d, greedy_sample(io))
     conf = d.last_confidence  # [B, K]
     assert conf.shape == ids.shape and bool(((conf > 0) & (conf <= 1)).all())
     # Chains agree with the search on the first token (the root's argmax is its best child
     # whenever the chosen path starts there): the first confidences match the chain's then.
     chain = _drafter(model, io, None)
     chain.track_confidence = True
-    greedy = _batch_step(chain, _sample(io))
+    greedy = _batch_step(chain, greedy_sample(io))
     same = ids[:, 0] == greedy[:, 0]
     assert bool(same.any())
     torch.testing.assert_close(conf[same, 0], chain.last_confidence[same, 0])
@@ -96,7 +96,7 @@ def test_budget_keeps_the_first_levels_wide():
 
 
 def test_tree_knobs_from_config_and_environment(monkeypatch):
-    cfg = _model().cfg
+    cfg = tiny_draft().cfg
     assert tree_spec(cfg, 4) is None  # off by default: today's chain
     monkeypatch.setenv("SPARROW_TREE_TOPK", "4")
     assert tree_spec(cfg, 4) == TreeSpec(4, 12)  # default budget: topk nodes at every level
@@ -116,8 +116,8 @@ def test_tree_knobs_from_config_and_environment(monkeypatch):
 @torch.no_grad()
 def test_search_of_one_request_matches_its_search_in_a_batch():
     """A batch of one lays its branches out as stride-0 views: the compiled ops need them dense."""
-    model, io = _model(), _IO()
-    sample = _sample(io)
+    model, io = tiny_draft(), IO()
+    sample = greedy_sample(io)
     alone = _batch_step(_drafter(model, io, TreeSpec(3, 3 * (D - 1))), sample, cuts=(20,))
     batched = _batch_step(_drafter(model, io, TreeSpec(3, 3 * (D - 1))), sample)
     assert alone.tolist() == batched[1:2].tolist()

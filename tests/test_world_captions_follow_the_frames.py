@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from vllm_sparrow.world import WorldConfig, caption, render, sample_scene, vocabulary, write_scene
-from vllm_sparrow.world.scene import COLOURS, MOTIONS, Scene
+from sparrow_world.world import WorldConfig, caption, render, sample_scene, vocabulary, write_scene
+from sparrow_world.world.scene import COLOURS, MOTIONS, Scene
 
 CFG = WorldConfig()
 
@@ -94,7 +94,7 @@ def test_clip_round_trips_through_pyav(tmp_path):
 def test_clip_sizes_span_half_k_to_25k_visual_tokens(target_dirs, tmp_path):
     from transformers import AutoProcessor
 
-    from vllm_sparrow.testing.tiny_targets import make_prompt
+    from sparrow_world.tiny_targets import make_prompt
     from vllm_sparrow.video import decode_video
 
     short = dataclasses.replace(CFG, duration_s=32)

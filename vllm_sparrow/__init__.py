@@ -1,10 +1,12 @@
 """vllm-sparrow: Sparrow speculative decoding for video LLMs, as a vLLM plugin.
 
 The paper's parts live in separate places:
-  draft model and its text-only window cache: model.py, window.py, attention.py, drafter.py
-  training (capture, IVSB, MTP):               training/ (own issue)
+  draft model and its text-only window cache:  model.py, window.py, attention.py, drafter.py,
+                                               tree_search.py (kernels: vllm_sparrow_kernels)
+  training (capture, IVSB, MTP):               training/
   the vLLM glue:                               proposer.py, patches.py, plugin.py
-Importing this package touches neither vLLM nor CUDA.
+The demo kit (synthetic world, demo models, benchmark) is the separate package sparrow_world,
+which this one never imports. Importing this package touches neither vLLM nor CUDA.
 """
 
 __version__ = "0.1.0"

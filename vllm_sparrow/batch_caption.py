@@ -14,28 +14,35 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .cli_args import knob
+from .config import SparrowConfig
 from .durable import append_jsonl, read_jsonl
+from .engine_stats import spec_counters
+from .prompts import chat_prompt
 
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mkv", ".mov", ".avi")
 
 
 @dataclass
 class CaptionJob:
-    inputs: str  # folder of videos or JSONL
-    out: str  # JSONL (appended; rerun to resume)
-    target: str
-    draft: str | None = None  # Sparrow draft directory; None: no speculation
-    num_speculative_tokens: int = 3
-    prompt: str = "Describe this video in detail."
-    num_frames: int = 16
-    max_tokens: int = 256
-    chunk: int = 8  # requests handed to vLLM at once
-    limit: int | None = None  # stop after this many new items (tests, trial runs)
-    engine_args: dict[str, Any] = field(default_factory=dict)
+    """`sparrow caption`: every option is a field here (cli_args.py)."""
+
+    inputs: str = knob(help="folder of videos, or JSONL of {video, prompt?, id?}")
+    out: str = knob(help="output JSONL (appended; rerun the same command to resume)")
+    target: str = knob(help="target model directory or name")
+    draft: str | None = knob(None, "Sparrow draft directory (omit: no speculation)")
+    num_speculative_tokens: int = knob(SparrowConfig.speculative_tokens, "speculative tokens per step", flag="--k")
+    prompt: str = knob("Describe this video in detail.", "prompt of items that bring none")
+    num_frames: int = knob(16, "frames sampled per video", flag="--frames")
+    max_tokens: int = knob(256, "longest caption")
+    chunk: int = knob(8, "requests handed to vLLM at once")
+    limit: int | None = knob(None, "stop after this many new items (trial runs)")
+    engine_args: dict[str, Any] = knob(default_factory=dict, help='extra LLM(...) arguments as JSON, e.g. '
+                                       '{"max_model_len": 32768}')
 
 
 @dataclass
@@ -100,7 +107,7 @@ def caption_batch(job: CaptionJob, llm=None, progress: bool = True) -> CaptionRe
     if job.limit is not None:
         todo = todo[: job.limit]
     llm = llm or _engine(job)
-    before = _spec_counters(llm)
+    before = spec_counters(llm)
     params = SamplingParams(temperature=0.0, max_tokens=job.max_tokens)
     templater = _templater(job.target)
     start, n_done, n_err, n_tok = time.perf_counter(), 0, 0, 0
@@ -114,9 +121,9 @@ def caption_batch(job: CaptionJob, llm=None, progress: bool = True) -> CaptionRe
         n_tok += sum(r.get("output_tokens", 0) for r in rows)
         bar.update(len(rows))
     bar.close()
-    after = _spec_counters(llm)
-    drafts = after[0] - before[0]
-    acc = 1 + (after[1] - before[1]) / drafts if drafts else None
+    after = spec_counters(llm)
+    drafts = after["num_drafts"] - before["num_drafts"]
+    acc = 1 + (after["num_accepted_tokens"] - before["num_accepted_tokens"]) / drafts if drafts else None
     return CaptionReport(n_done, n_err, skipped, time.perf_counter() - start, n_tok, acc)
 
 
@@ -170,11 +177,7 @@ def _templater(target: str):
 
     proc = AutoProcessor.from_pretrained(target)
 
-    def render(text: str) -> str:
-        messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": text}]}]
-        return proc.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-    return render
+    return lambda text: chat_prompt(proc, text, "video")
 
 
 def _engine(job: CaptionJob):
@@ -185,12 +188,3 @@ def _engine(job: CaptionJob):
         kw["speculative_config"] = {"method": "sparrow", "model": job.draft,
                                     "num_speculative_tokens": job.num_speculative_tokens}
     return LLM(**{**kw, **job.engine_args})
-
-
-def _spec_counters(llm) -> tuple[int, int]:
-    try:
-        metrics = llm.get_metrics()
-    except Exception:  # stats disabled on this engine
-        return 0, 0
-    value = {m.name: m.value for m in metrics if hasattr(m, "value")}
-    return int(value.get("vllm:spec_decode_num_drafts", 0)), int(value.get("vllm:spec_decode_num_accepted_tokens", 0))

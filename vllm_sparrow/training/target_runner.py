@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..prompts import chat_prompt
 from ..targets import target_spec
 from .data import MediaKind
 
@@ -44,9 +45,7 @@ class HFTarget:
 
     def chat_prompt(self, prompt: str, media_kind: MediaKind | None) -> str:
         """The one-turn chat text (media before the text), as vLLM's generate() takes it too."""
-        parts = [{"type": media_kind}] if media_kind else []
-        messages = [{"role": "user", "content": parts + [{"type": "text", "text": prompt}]}]
-        return self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return chat_prompt(self.processor, prompt, media_kind)
 
     def encode(self, prompt: str, media_kind: MediaKind | None, media: Any) -> dict[str, torch.Tensor]:
         """Processor inputs (batch 1) for a one-turn chat with the media before the text."""

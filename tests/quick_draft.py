@@ -9,9 +9,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from ..checkpoint import init_draft, load_draft, save_draft
-from ..training.target_runner import HFTarget
-from ..training.text_distill import DistillConfig, distill, greedy_streams
+from vllm_sparrow.checkpoint import init_draft, load_draft, save_draft
+from vllm_sparrow.training.target_runner import HFTarget
+from vllm_sparrow.training.text_distill import DistillConfig, distill, greedy_streams
 
 
 def make_trained_draft(target_dir: str | Path, out_dir: str | Path, *, steps: int = 200,

@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..durable import atomic_write_json, atomic_write_text, read_jsonl
+from vllm_sparrow.durable import atomic_write_json, atomic_write_text, read_jsonl
 from .train_target import TargetTrainConfig, train_target
 
 DRAFT_SEED0 = 20_000_000  # drafts' training clips; target eval uses 10M+, benchmarks 30M+
@@ -104,8 +104,8 @@ def _forget_work_of_other_targets(work: Path, target: Path) -> None:
     """Captures and draft runs belong to one set of target weights: when the capture there was
     made by other weights (the target retrained or trained longer) or is missing, remove it and
     the draft runs so stages 3-4 redo them instead of resuming."""
-    from ..fingerprint import weights_fingerprint
-    from ..training.shards import load_manifest
+    from vllm_sparrow.fingerprint import weights_fingerprint
+    from vllm_sparrow.training.shards import load_manifest
 
     manifest = load_manifest(work / "capture") if (work / "capture").is_dir() else None
     if manifest is not None and manifest.settings.get("target_weights") == weights_fingerprint(target):
@@ -137,7 +137,7 @@ def write_clips(folder: Path, clips: dict[int, int], seed0: int = DRAFT_SEED0) -
 
 
 def _capture(target: Path, data: Path, out: Path) -> Path:
-    from ..training.capture import CaptureConfig, capture
+    from vllm_sparrow.training.capture import CaptureConfig, capture
 
     # every frame (2 fps): the draft trains on the visual token counts vLLM will serve
     report = capture(CaptureConfig(target=str(target), data=str(data), out=str(out), num_frames=10_000,
@@ -147,7 +147,7 @@ def _capture(target: Path, data: Path, out: Path) -> Path:
 
 
 def _train_draft(cfg: DemoBuildConfig, kind: str, capture_dir: Path, run: Path, dest: Path, **change):
-    from ..training.train import TrainConfig, settings_changed, train
+    from vllm_sparrow.training.train import TrainConfig, settings_changed, train
 
     knobs = dict(draft_kind=kind, steps=cfg.draft_steps, lr=cfg.draft_lr, warmup_steps=100,
                  mtp_steps=cfg.mtp_steps, speculative_tokens=cfg.speculative_tokens,

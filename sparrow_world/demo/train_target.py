@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..durable import append_jsonl, atomic_torch_save
+from vllm_sparrow.durable import append_jsonl, atomic_torch_save
 from ..world import WorldConfig
 from .target_data import CATEGORIES, WorldBatches, blank_like, word_hits
 from .vision_aux import VisionHeads, VisualTokenTap
@@ -104,7 +104,7 @@ class TargetTrainConfig:
 
 def build_untrained(out: Path, cfg: TargetTrainConfig) -> Path:
     """The target's folder (config, tokenizer, processor, chat template), random weights."""
-    from ..testing.tiny_targets import build_tiny_target
+    from ..tiny_targets import build_tiny_target
 
     return build_tiny_target("qwen2_5_vl", out, seed=cfg.seed, hidden_size=cfg.hidden_size,
                              num_layers=cfg.num_layers, init_range=cfg.init_range)
@@ -116,7 +116,7 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
     (default: `out`). With `resume`, a finished run is only saved to `out` again."""
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-    from ..testing.tiny_targets import make_prompt
+    from ..tiny_targets import make_prompt
     from ..world.caption import PROMPT
 
     out = Path(out)

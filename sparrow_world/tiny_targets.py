@@ -58,6 +58,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
+from vllm_sparrow.prompts import chat_prompt
+
 TARGET_KINDS: tuple[str, ...] = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "llava_onevision", "llama")
 VISION_KINDS: tuple[str, ...] = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "llava_onevision")
 
@@ -221,12 +223,7 @@ def make_prompt(
     templater = tokenizer_or_dir
     if isinstance(tokenizer_or_dir, (str, Path)):
         templater = _load_tokenizer(str(tokenizer_or_dir))
-    parts: list[dict[str, str]] = [{"type": media}] if media else []
-    parts.append({"type": "text", "text": text})
-    messages = [{"role": "user", "content": parts}]
-    return templater.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, chat_template=CHAT_TEMPLATES[kind]
-    )
+    return chat_prompt(templater, text, media, CHAT_TEMPLATES[kind])
 
 
 @lru_cache(maxsize=8)

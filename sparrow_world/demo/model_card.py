@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..bench.report import table
-from ..durable import atomic_write_text, read_jsonl
+from vllm_sparrow.durable import atomic_write_text, read_jsonl
 
 
 def _params(folder: Path) -> int:
@@ -33,7 +32,7 @@ def target_accuracy(target: Path) -> dict:
     import torch
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-    from ..testing.tiny_targets import make_prompt
+    from ..tiny_targets import make_prompt
     from ..world import WorldConfig
     from ..world.caption import PROMPT
     from .target_data import WorldBatches
@@ -58,7 +57,7 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
     lines = [
         "# World demo models: target captioner, Sparrow draft, EAGLE-1-style and EAGLE-3 baselines",
         "",
-        "Trained from scratch on this project's synthetic video world (`vllm_sparrow/world`) by",
+        "Trained from scratch on this project's synthetic video world (`sparrow_world/world`) by",
         "`sparrow demo build` on a 2-core CPU. Regenerate everything (about 1.5 hours, resumable):",
         "",
         "    make setup && .venv/bin/sparrow demo build --models models/world --workdir runs/world-build",
@@ -105,7 +104,7 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
         lines.append(f"| {label} | " + " | ".join(f"{v:.3f}" for v in acc[name].values()) + " |")
     if "vision" in last:
         lines += ["", "The training-only vision heads read off the held-out clips' merged visual tokens (what the world "
-                  "drew under each token, `demo/vision_aux.py`): " +
+                  "drew under each token, `sparrow_world/demo/vision_aux.py`): " +
                   ", ".join(f"{k} {v:.2f}" for k, v in last["vision"].items()) + "."]
     lines += ["", "`struct` words come from the caption's template; `colour` (which colour comes next), `shape`, "
               "`size` and `motion` can only come from the video, so a blank video drops them to the text prior.", "",
@@ -123,12 +122,11 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
               f"{build['eagle3_heldout_replay']['mean_acceptance_length']:.2f}.",
               "- Build times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in build["seconds"].items()) + "."]
     if bench is not None and (bench / "results.json").exists():
-        res = json.loads((bench / "results.json").read_text())
-        env = res["environment"]
+        env = json.loads((bench / "results.json").read_text())["environment"]
         lines += ["", "## Through vLLM, per visual length (`sparrow bench`)",
-                  f"Measured {env['date']} on {env['gpu'] or 'CPU only (%s cores)' % env['cpu_count']}, "
-                  f"vLLM {env['vllm']}; held-out scenes; `caption words` = 1 - word edit distance / true caption length; "
-                  "`objects P/R` = precision/recall of the named (colour, shape) pairs.", "", table(res["records"])]
+                  f"Measured {env['date']} on {env['gpu'] or 'CPU only (%s cores)' % env['cpu_count']}, vLLM "
+                  f"{env['vllm']}, on held-out scenes: the table is published once, in "
+                  "`benchmarks/results/table.md` (summary in the repository's README)."]
     path = models / "README.md"
     atomic_write_text(path, "\n".join(lines) + "\n")
     return path

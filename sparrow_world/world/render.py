@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..video import write_frames
+from vllm_sparrow.video import write_frames
 from .scene import COLOURS, ObjectTrack, Scene
 
 BACKGROUND = (24, 24, 32)

@@ -16,7 +16,7 @@ import platform
 import time
 from pathlib import Path
 
-from ..durable import append_jsonl, atomic_write_text, read_jsonl
+from vllm_sparrow.durable import append_jsonl, atomic_write_text, read_jsonl
 from .clips import Clip, eval_clips
 from .config import BenchConfig
 from .engines import close_engine, draft_timer, eagle_cache_bytes, generate_one, open_engine
@@ -25,7 +25,7 @@ from .engines import close_engine, draft_timer, eagle_cache_bytes, generate_one,
 def run_bench(cfg: BenchConfig) -> list[dict]:
     from transformers import AutoTokenizer
 
-    from ..testing.tiny_targets import make_prompt
+    from ..tiny_targets import make_prompt
     from .report import write_reports
 
     out = Path(cfg.out)
@@ -99,7 +99,7 @@ def measure_batch(llm, method: str, tokens: int, clips: list[Clip], prompt: str,
 
 
 def _counters(llm, method: str):
-    from ..testing.engine import spec_counters
+    from vllm_sparrow.engine_stats import spec_counters
 
     return (spec_counters(llm), draft_timer(llm)) if method != "none" else (None, None)
 
@@ -107,7 +107,7 @@ def _counters(llm, method: str):
 def _finish(rec: dict, llm, method: str, before, timer0, outs: list[dict], truths: list[str], tok,
             cfg: BenchConfig) -> dict:
     """Caption accuracy, acceptance and draft time since `before`, and draft cache bytes."""
-    from ..testing.engine import spec_counters
+    from vllm_sparrow.engine_stats import spec_counters
 
     rec.update(caption_accuracy(tok, [o["token_ids"] for o in outs], truths))
     if method != "none":
@@ -177,14 +177,14 @@ def environment() -> dict:
 
 
 def _request(prompt: str, clip: Clip) -> dict:
-    from ..video import decode_video
+    from vllm_sparrow.video import decode_video
 
     return {"prompt": prompt, "multi_modal_data": {"video": decode_video(clip.path)}}
 
 
 def _cache_bytes(llm, method: str, outs: list[dict], cfg: BenchConfig) -> float:
     if method == "sparrow" or method in cfg.ablations:
-        from ..testing.engine import drafter_stats
+        from vllm_sparrow.engine_stats import drafter_stats
 
         return float(drafter_stats(llm)["bytes_per_slot"])  # a request's fixed ring, whatever its length
     if method in ("eagle", "eagle3"):  # vLLM keeps the draft layer's K/V for every token

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..durable import atomic_save, atomic_write_json, atomic_write_text
+from vllm_sparrow.durable import atomic_save, atomic_write_json, atomic_write_text
 from .config import BenchConfig
 
 COLUMNS = ("method", "visual tokens", "batch", "accept len", "accept (no bonus)", "per position", "draft ms/step",

@@ -7,11 +7,14 @@ the decode speedup of Sparrow against no speculation, measured in this run on th
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
-from ..durable import atomic_write_json
+from vllm_sparrow.durable import atomic_write_json
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "models" / "world"
@@ -26,14 +29,49 @@ def sample_clips(folder: Path = SAMPLES) -> list[dict]:
     return [dict(row, path=folder / row["file"]) for row in json.loads(index.read_text())]
 
 
-def run_demo(models: Path = MODELS, max_tokens: int = 320) -> int:
+@contextlib.contextmanager
+def logs_to(path: Path | None):
+    """Everything written to the process's stdout and stderr (vLLM's logs, C++ warnings,
+    progress bars) goes to `path`; yields the terminal's stdout for the demo's own report.
+    None: nothing is redirected."""
+    if path is None:
+        yield sys.stdout
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "ab") as log, os.fdopen(os.dup(saved[0]), "w", buffering=1) as report:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield report
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+
+
+def run_demo(models: Path = MODELS, max_tokens: int = 320, log: Path | None = None) -> int:
+    """Returns 0 when every caption with sparrow equals the target's own. log: where vLLM's
+    output goes (None: to the terminal with the report)."""
+    if log is not None:
+        print(f"vLLM's logs: {log}", flush=True)
+    with logs_to(log) as out:
+        return _run(models, max_tokens, out)
+
+
+def _run(models: Path, max_tokens: int, out) -> int:
     from transformers import AutoTokenizer
 
     from ..bench.config import BenchConfig
     from ..bench.engines import close_engine, generate_one, open_engine
-    from ..testing.engine import spec_counters
-    from ..testing.tiny_targets import make_prompt
-    from ..video import decode_video
+    from vllm_sparrow.engine_stats import spec_counters
+    from ..tiny_targets import make_prompt
+    from vllm_sparrow.video import decode_video
 
     for part in ("target", "sparrow"):
         if not (models / part / "config.json").exists():
@@ -49,7 +87,7 @@ def run_demo(models: Path = MODELS, max_tokens: int = 320) -> int:
         t0 = time.perf_counter()
         llm = open_engine(method, cfg, longest)
         print(f"engine ({'no speculation' if method == 'none' else 'sparrow'}) ready in "
-              f"{time.perf_counter() - t0:.0f}s", flush=True)
+              f"{time.perf_counter() - t0:.0f}s", file=out, flush=True)
         try:
             generate_one(llm, requests[0], 8)  # warm-up
             before = spec_counters(llm) if method == "sparrow" else None
@@ -59,31 +97,31 @@ def run_demo(models: Path = MODELS, max_tokens: int = 320) -> int:
                 counters = {k: after[k] - before[k] for k in ("num_drafts", "num_accepted_tokens")}
         finally:
             close_engine(llm)
-    _print(clips, results, counters, tok)
+    _print(clips, results, counters, tok, out)
     return 0 if all(a["token_ids"] == b["token_ids"] for a, b in zip(results["none"], results["sparrow"])) else 1
 
 
-def _print(clips, results, counters, tok) -> None:
+def _print(clips, results, counters, tok, out) -> None:
     from ..bench.run import caption_accuracy
 
-    print()
+    print(file=out)
     for c, base, spec in zip(clips, results["none"], results["sparrow"]):
         acc = caption_accuracy(tok, [spec["token_ids"]], [c["caption"]])
         same = "identical" if base["token_ids"] == spec["token_ids"] else "DIFFERENT (bug: please report)"
         print(f"--- {c['file']}: {c['seconds']} s, {c['visual_tokens']} visual tokens, "
-              f"{base['prompt_tokens']} prompt tokens")
-        print(f"caption with sparrow: {spec['text']}")
+              f"{base['prompt_tokens']} prompt tokens", file=out)
+        print(f"caption with sparrow: {spec['text']}", file=out)
         print(f"  {same} to the target's greedy caption without speculation; "
               f"word accuracy against the true caption {100 * acc['caption_word_accuracy']:.0f}%, "
-              f"objects named right {100 * acc['object_recall']:.0f}%")
-        print(f"  decode: {_tps(base)} tok/s without, {_tps(spec)} tok/s with sparrow")
+              f"objects named right {100 * acc['object_recall']:.0f}%", file=out)
+        print(f"  decode: {_tps(base)} tok/s without, {_tps(spec)} tok/s with sparrow", file=out)
     base_s = sum(r["decode_s"] for r in results["none"])
     spec_s = sum(r["decode_s"] for r in results["sparrow"])
     if counters and counters["num_drafts"]:
         print(f"\nmean acceptance length (incl. bonus token, K=3): "
-              f"{1 + counters['num_accepted_tokens'] / counters['num_drafts']:.2f}")
+              f"{1 + counters['num_accepted_tokens'] / counters['num_drafts']:.2f}", file=out)
     print(f"decode speedup vs no speculation (same run, this machine's CPU, batch size 1): "
-          f"{base_s / spec_s:.2f}x")
+          f"{base_s / spec_s:.2f}x", file=out)
 
 
 def _tps(r: dict) -> str:

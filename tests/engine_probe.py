@@ -1,31 +1,12 @@
-"""Looking into a running in-process vLLM engine from tests: spec-decode counters, drafter state."""
+"""Looking into a running in-process vLLM engine from tests: the product's counters and drafter
+accounting (vllm_sparrow.engine_stats), plus the drafter's recorded inputs."""
 
 from __future__ import annotations
 
-from typing import Any
 
+from vllm_sparrow.engine_stats import drafter_stats, spec_counters
 
-def _drafter_stats(worker) -> dict:
-    drafter = getattr(worker.model_runner, "drafter", None)
-    inner = getattr(drafter, "drafter", None)
-    return inner.stats() if inner is not None else {}
-
-
-def drafter_stats(llm) -> dict[str, Any]:
-    """SparrowDrafter.stats() of the (single) worker, through LLM.collective_rpc."""
-    return llm.collective_rpc(_drafter_stats)[0]
-
-
-def spec_counters(llm) -> dict[str, Any]:
-    """vLLM's spec-decode counters: num_drafts, num_draft_tokens, num_accepted_tokens, per_pos."""
-    out: dict[str, Any] = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "per_pos": []}
-    for m in llm.get_metrics():
-        name = m.name.removeprefix("vllm:spec_decode_")
-        if name in out and name != "per_pos":
-            out[name] = int(m.value)
-        elif name == "num_accepted_tokens_per_pos":
-            out["per_pos"] = [int(v) for v in m.values]
-    return out
+__all__ = ["drafter_inputs", "drafter_stats", "record_drafter_inputs", "spec_counters", "text_entries_by_request"]
 
 
 def text_entries_by_request(llm) -> dict[str, int]:

@@ -1,0 +1,92 @@
+"""`sparrow demo` and `sparrow bench`: the kit's commands, added to the product's `sparrow` CLI
+through the `vllm_sparrow.commands` entry point (setup.py)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+
+def _demo(args) -> int:
+    """run: caption the bundled clips with the shipped demo models, without and with sparrow;
+    build: retrain those models from scratch; samples: rewrite the bundled clips."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from .demo import run_demo
+
+    if args.action == "samples":
+        run_demo.write_samples()
+        print(f"wrote {run_demo.SAMPLES}")
+        return 0
+    if args.action == "card":
+        from .demo.model_card import write_card
+
+        print(f"wrote {write_card(Path(args.models), Path(args.workdir), Path(args.bench) if args.bench else None)}")
+        return 0
+    if args.action == "build":
+        from .demo.build import DemoBuildConfig, build
+        from .demo.train_target import TargetTrainConfig
+
+        target = TargetTrainConfig()
+        if args.target_minutes is not None:
+            target.minutes = args.target_minutes
+        if args.extension_minutes is not None:
+            target.extension = replace(target.extension, minutes=args.extension_minutes)
+        cfg = DemoBuildConfig(out=args.models, work=args.workdir, target=target)
+        for name, path in build(cfg).items():
+            print(f"{name}: {path}")
+        return 0
+    return run_demo.run_demo(Path(args.models), max_tokens=args.max_tokens,
+                             log=None if args.log in ("", "-") else Path(args.log))
+
+
+def _bench(args) -> int:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    from vllm_sparrow.cli_args import from_args
+
+    from .bench.config import BenchConfig, quick
+    from .bench.run import run_bench
+
+    ablations = dict(a.split("=", 1) for a in args.ablation)
+    if args.with_ablations:  # every draft under <sparrow>/../ablations (what `sparrow demo build` writes)
+        folder = Path(args.sparrow).parent / "ablations"
+        ablations.update({d.name: str(d) for d in sorted(folder.iterdir()) if (d / "config.json").exists()})
+    cfg = from_args(BenchConfig, args, ablations=ablations)
+    if args.quick:
+        cfg = quick(cfg)
+    run_bench(cfg)
+    print((Path(cfg.out) / "table.md").read_text())
+    return 0
+
+
+def add_demo(sub) -> None:
+    d = sub.add_parser("demo", help="the demo models: run (default), build, samples, card")
+    d.add_argument("action", nargs="?", default="run", choices=("run", "build", "samples", "card"))
+    d.add_argument("--bench", default=None, help="card: benchmark folder whose results go into the card")
+    d.add_argument("--models", default="models/world", help="demo model folder (target, sparrow, eagle)")
+    d.add_argument("--workdir", default="runs/world-build", help="build: intermediate files (resumable)")
+    d.add_argument("--target-minutes", type=float, default=None,
+                   help="build: the target's main training stage, minutes (default: TargetTrainConfig's)")
+    d.add_argument("--extension-minutes", type=float, default=None,
+                   help="build: the target's long-clip extension stage, minutes (default: TargetTrainConfig's)")
+    d.add_argument("--max-tokens", type=int, default=320)
+    d.add_argument("--log", default="runs/demo/vllm.log",
+                   help="run: where vLLM's own output goes ('-': to the terminal with the report)")
+    d.set_defaults(fn=_demo)
+
+
+def add_bench(sub) -> None:
+    from vllm_sparrow.cli_args import add_options
+
+    from .bench.config import BenchConfig
+
+    b = sub.add_parser("bench", help="acceptance and speedup against visual length, per method")
+    add_options(b, BenchConfig)
+    b.add_argument("--ablation", action="append", default=[], metavar="NAME=DRAFT_DIR",
+                   help="an extra Sparrow draft to run as method NAME (repeatable)")
+    b.add_argument("--with-ablations", action="store_true",
+                   help="add every draft in <sparrow>/../ablations (no-mtp, no-ivsb, no-window)")
+    b.add_argument("--quick", action="store_true", help="smoke size: 2 short lengths, 1 clip each")
+    b.set_defaults(fn=_bench)

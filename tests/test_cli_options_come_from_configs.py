@@ -1,0 +1,52 @@
+"""Every `sparrow` option is generated from its config dataclass (cli_args.py): each field is an
+option with the field's default, and parsing a bare command gives back the config's defaults."""
+
+import dataclasses
+
+import pytest
+
+from vllm_sparrow import cli
+from vllm_sparrow.batch_caption import CaptionJob
+from vllm_sparrow.cli_args import from_args
+from vllm_sparrow.config import SparrowConfig
+from vllm_sparrow.training.capture import CaptureConfig
+from vllm_sparrow.training.train import TrainConfig
+
+REQUIRED = {"train": ["--capture", "c", "--out", "o"], "capture": ["--target", "t", "--data", "d", "--out", "o"],
+            "caption": ["--inputs", "i", "--out", "o", "--target", "t"]}
+
+
+def _parse(argv):
+    return cli.build_parser().parse_args(argv)
+
+
+@pytest.mark.parametrize("command,cls", [("train", TrainConfig), ("capture", CaptureConfig), ("caption", CaptionJob)])
+def test_a_bare_command_parses_to_the_configs_defaults(command, cls):
+    args = _parse([command, *REQUIRED[command]])
+    cfg = from_args(cls, args)
+    required = dict(zip(REQUIRED[command][::2], REQUIRED[command][1::2]))
+    expected = cls(**{f.name: required[f"--{f.name}"] for f in dataclasses.fields(cls) if f"--{f.name}" in required})
+    assert cfg == expected
+
+
+def test_flags_map_to_fields_and_parse_their_values():
+    args = _parse(["train", *REQUIRED["train"], "--anchors", "2", "--window", "none", "--k", "5", "--no-ivsb",
+                   "--draft-kind", "eagle3"])
+    cfg = from_args(TrainConfig, args)
+    assert (cfg.anchor_tokens, cfg.window_tokens, cfg.speculative_tokens, cfg.ivsb, cfg.draft_kind) == \
+        (2, None, 5, False, "eagle3")
+    args = _parse(["caption", *REQUIRED["caption"], "--engine-args", '{"max_model_len": 64}', "--k", "4"])
+    assert from_args(CaptionJob, args).engine_args == {"max_model_len": 64}
+    assert from_args(CaptionJob, args).num_speculative_tokens == 4
+
+
+def test_draft_defaults_have_one_source():
+    train, job = TrainConfig(capture="c", out="o"), CaptionJob(inputs="i", out="o", target="t")
+    sparrow = SparrowConfig(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+                            intermediate_size=8, vocab_size=8)
+    assert (train.anchor_tokens, train.window_tokens, train.speculative_tokens) == \
+        (sparrow.anchor_tokens, sparrow.window_tokens, sparrow.speculative_tokens)
+    assert job.num_speculative_tokens == sparrow.speculative_tokens
+    args = _parse(["init-draft", "--target", "t", "--out", "o"])
+    assert (args.anchor_tokens, args.window_tokens, args.speculative_tokens) == \
+        (sparrow.anchor_tokens, sparrow.window_tokens, sparrow.speculative_tokens)

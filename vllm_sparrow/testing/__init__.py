@@ -1,1 +1,0 @@
-"""Test helpers for vllm-sparrow: tiny offline target models and fixtures."""

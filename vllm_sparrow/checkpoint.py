@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from .config import DraftConfigError, SparrowConfig
+from .config import DraftConfigError, SparrowConfig, target_layer_shape
 from .durable import atomic_save_safetensors
 from .fingerprint import weights_fingerprint
-from .model import SparrowDraftModel
+from .model import SparrowDraftModel, seeded_draft
 from .targets import UnsupportedTargetError, target_spec
 
 WEIGHTS_FILE = "model.safetensors"
@@ -90,24 +90,17 @@ def _check_verifier(cfg: SparrowConfig, draft_dir: str, target, target_path: str
             "(`sparrow capture` + `sparrow train`), or set SPARROW_ALLOW_OTHER_VERIFIER=1 to serve it anyway.")
 
 
-def init_draft(target_dir: str | Path, out_dir: str | Path, *, anchor_tokens: int = 4,
-               window_tokens: int | None = 512, speculative_tokens: int = 3,
+def init_draft(target_dir: str | Path, out_dir: str | Path, *, anchor_tokens: int = SparrowConfig.anchor_tokens,
+               window_tokens: int | None = SparrowConfig.window_tokens,
+               speculative_tokens: int = SparrowConfig.speculative_tokens,
                ivsb_layer: int | None = None, seed: int = 0) -> Path:
     """Write a randomly initialised Sparrow draft shaped for the target at target_dir."""
     from transformers import AutoConfig
 
     hf = AutoConfig.from_pretrained(str(target_dir))
     spec = target_spec(hf)
-    text = hf.get_text_config()
-    heads = text.num_attention_heads
     cfg = SparrowConfig(
-        hidden_size=spec.hidden_size,
-        num_attention_heads=heads,
-        num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
-        head_dim=getattr(text, "head_dim", None) or spec.hidden_size // heads,
-        intermediate_size=text.intermediate_size,
-        vocab_size=spec.vocab_size,
-        rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+        **{**target_layer_shape(hf), "rope_theta": SparrowConfig.rope_theta},  # RoPE over text indices
         anchor_tokens=anchor_tokens,
         window_tokens=window_tokens,
         ivsb_layer=ivsb_layer if ivsb_layer is not None else (2 * spec.num_layers) // 3,
@@ -117,11 +110,7 @@ def init_draft(target_dir: str | Path, out_dir: str | Path, *, anchor_tokens: in
         verifier_weights=weights_fingerprint(target_dir),
         speculative_tokens=speculative_tokens,
     )
-    torch.manual_seed(seed)
-    model = SparrowDraftModel(cfg)
-    for name, p in model.named_parameters():
-        if p.ndim == 2:
-            torch.nn.init.normal_(p, std=0.02)
+    model = seeded_draft(SparrowDraftModel, cfg, seed)
     return save_draft(model, out_dir)
 
 

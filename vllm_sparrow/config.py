@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .cli_args import knob, optional_window
 from .durable import atomic_write_text
 
 SPECULATORS_MODEL_TYPE = "sparrow"
@@ -25,12 +26,11 @@ class DraftConfigError(ValueError):
 
 
 @dataclass
-class SparrowConfig:
-    """Shape and behaviour of a Sparrow draft (one decoder layer, EAGLE-style input)."""
+class LayerShape:
+    """Shape of a one-layer draft (model.DecoderBody), shared by every draft kind. Drafts work
+    in the target's hidden space (they read its hidden states and share its embedding and LM
+    head), so hidden_size must equal the target's."""
 
-    # Shape of the draft layer. The draft works in the target's hidden space (it reads the
-    # target's hidden states and shares its embedding and LM head), so hidden_size must equal
-    # the target's.
     hidden_size: int
     num_attention_heads: int
     num_key_value_heads: int
@@ -40,11 +40,37 @@ class SparrowConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
 
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise DraftConfigError(
+                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+
+
+def target_layer_shape(target_hf_config) -> dict[str, Any]:
+    """The LayerShape fields of a draft for a target (a transformers config): its text model's
+    width, heads, MLP width, vocabulary, norm epsilon and RoPE base."""
+    text = target_hf_config.get_text_config()
+    heads = text.num_attention_heads
+    rope = getattr(text, "rope_theta", None) or (getattr(text, "rope_parameters", None) or {}).get("rope_theta", 1e4)
+    return dict(hidden_size=int(text.hidden_size), num_attention_heads=heads,
+                num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+                head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+                intermediate_size=text.intermediate_size, vocab_size=int(text.vocab_size),
+                rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6), rope_theta=float(rope))
+
+
+@dataclass
+class SparrowConfig(LayerShape):
+    """Shape and behaviour of a Sparrow draft (one decoder layer, EAGLE-style input)."""
+
     # Text-anchored window attention: each draft query sees the first `anchor_tokens` text
     # tokens of its request plus the last `window_tokens` text tokens (itself included).
     # window_tokens=None means every text token.
-    anchor_tokens: int = 4
-    window_tokens: int | None = 512
+    anchor_tokens: int = knob(4, "anchor text tokens A", flag="--anchors")
+    window_tokens: int | None = knob(512, "window text tokens W, or 'none' for all", flag="--window",
+                                     parse=optional_window)
 
     # Training only: the target layer whose visual hidden states IVSB feeds the draft.
     ivsb_layer: int | None = None
@@ -58,7 +84,7 @@ class SparrowConfig:
     verifier_architecture: str = ""
     verifier_num_layers: int | None = None
     verifier_weights: str | None = None  # fingerprint.weights_fingerprint of the verifier's folder
-    speculative_tokens: int = 3
+    speculative_tokens: int = knob(3, "default number of speculative tokens", flag="--k")
     # Adaptive length: a request's chain stops where the product of its drafted tokens' draft
     # probabilities falls below this (None: always K tokens). SPARROW_STOP_CONFIDENCE overrides.
     stop_confidence: float | None = None
@@ -71,11 +97,7 @@ class SparrowConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise DraftConfigError(
-                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}"
-            )
+        super().__post_init__()
         if self.anchor_tokens < 0:
             raise DraftConfigError("anchor_tokens must be >= 0")
         if self.window_tokens is not None and self.window_tokens < 1:

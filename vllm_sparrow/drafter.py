@@ -257,12 +257,24 @@ class SparrowDrafter:
     def _commit(self, batch: StepBatch, slots, row_req, row_off, starts, num_draft: int, rows: int | None):
         """Run the first draft forward over this step's new entries; update the slots' state.
 
-        Worked example (one request, no pending state, A = 0): the target processed rows
-        [x5 x6 V V x7] (V visual, all valid), next token x8, 10 entries committed before.
-        Items (text states) h5 h6 h7 take ranks 0 1 2; the following tokens are x6 x7 x8,
-        so the entries (h5, x6) (h6, x7) (h7, x8) get text indices 10 11 12, and the output
-        of rank 2 predicts the state of x8, from which the chain drafts. Had the prompt not
-        ended here (mid-prefill), x8 would be unknown: h7 stays pending for the next chunk.
+        Worked example, two requests (V: a visual placeholder row; every row valid):
+          request 0: rows x5 V V x6, next token x7, nothing pending, 10 entries committed
+          request 1: rows x3 x4, next token x5, h2 pending (its chunk ended before x3 was
+                     known), 3 entries committed
+        Rows (T = 6):      x5  V   V   x6 | x3  x4
+          row_req          0   0   0   0  | 1   1
+          is_item          1   0   0   1  | 1   1     text states that count
+          csum             1   1   1   2  | 3   4     running count of items
+          before = (csum - is_item)[starts] = [0, 2]   items of earlier requests
+          hp = [0, 1];  n_items = hp + items = [2, 3]; count = n_items - 1 + 1 = [2, 3]
+          rank             0   -   -   1  | 1   2     (request 1's pending h2 takes rank 0)
+        L = max(n_items) = 3; dest = row_req * L + rank (visual rows go to the dump row 6):
+          layout           request 0: h5 h6 pad   tokens x5 x6 .   following x6 x7 .
+                           request 1: h2 h3 h4    tokens .  x3 x4  following x3 x4 x5
+        so request 0 commits (h5, x6) (h6, x7) at text indices 10 11 and request 1 commits
+        (h2, x3) (h3, x4) (h4, x5) at 3 4 5; each drafts from the output of its last entry.
+        Had request 1's prompt continued (mid-prefill), x5 would be unknown: h4 would stay
+        pending and only 2 entries would be committed.
         """
         B = len(batch.req_ids)
         qlen = np.diff(batch.query_start)  # [B] host

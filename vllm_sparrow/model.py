@@ -2,18 +2,18 @@
 
 Shared by training and serving. The model never sees visual positions: its inputs are the
 target's (already visually informed) hidden states of text tokens, and its rotary positions
-count text tokens only, so M-RoPE never reaches it. How attention reads keys (the paged
+count text tokens only, so M-RoPE never reaches it. How attention reads keys (the ring
 text-window cache at serve time, a masked dense pass in training) is injected as `attend`.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 from torch import nn
 
-from .config import SparrowConfig
+from .config import LayerShape, SparrowConfig
 
 # attend(q [N, heads, head_dim], k [N, kv_heads, head_dim], v [N, kv_heads, head_dim])
 #   -> [N, heads, head_dim]; keys/values of the N new entries are the caller's to store.
@@ -44,25 +44,70 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
     return out.to(x.dtype)
 
 
-class SparrowDraftModel(nn.Module):
+class DecoderBody:
+    """The attention projections and SwiGLU MLP of a one-layer draft, shared by Sparrow's draft
+    and the EAGLE-style baseline (training/eagle_baseline.py). A mixin of nn.Modules: the
+    attribute names are the checkpoints' weight names, and the creation order (attention, then
+    the caller's post-attention norm, then the MLP) is the seeded initialisation's order."""
+
+    cfg: LayerShape
+
+    def _init_attention(self) -> None:
+        c = self.cfg
+        h, nh, nkv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(h, nh * hd, bias=False)
+        self.k_proj = nn.Linear(h, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(h, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, h, bias=False)
+
+    def _init_mlp(self) -> None:
+        h, inter = self.cfg.hidden_size, self.cfg.intermediate_size
+        self.gate_proj = nn.Linear(h, inter, bias=False)
+        self.up_proj = nn.Linear(h, inter, bias=False)
+        self.down_proj = nn.Linear(inter, h, bias=False)
+
+    def _query(self, a: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # [N, heads, D]
+        c = self.cfg
+        return rotary(self.q_proj(a).view(a.shape[0], c.num_attention_heads, c.head_dim), positions, c.rope_theta)
+
+    def _key_value(self, a: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c, n = self.cfg, a.shape[0]
+        k = rotary(self.k_proj(a).view(n, c.num_key_value_heads, c.head_dim), positions, c.rope_theta)
+        return k, self.v_proj(a).view(n, c.num_key_value_heads, c.head_dim)  # [N, kv_heads, D] each
+
+    def _attention(self, a, positions, attend) -> torch.Tensor:  # [N, hidden]
+        k, v = self._key_value(a, positions)
+        return self.o_proj(attend(self._query(a, positions), k, v).reshape(a.shape[0], -1))
+
+    def _mlp(self, m: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(m)) * self.up_proj(m))
+
+
+def seeded_draft(cls: type[nn.Module], cfg: Any, seed: int, std: float = 0.02) -> nn.Module:
+    """cls(cfg) built under `seed`, its weight matrices redrawn N(0, std): every draft kind's
+    random initialisation (norm weights stay ones)."""
+    torch.manual_seed(seed)
+    model = cls(cfg)
+    for p in model.parameters():
+        if p.ndim == 2:
+            nn.init.normal_(p, std=std)
+    return model
+
+
+class SparrowDraftModel(nn.Module, DecoderBody):
     def __init__(self, cfg: SparrowConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        h, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        h = cfg.hidden_size
         # EAGLE-style fusion of the two inputs; each is normalised first because the target's
         # hidden states and its token embeddings live on very different scales.
         self.embed_norm = RMSNorm(h, cfg.rms_norm_eps)
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
         self.fc = nn.Linear(2 * h, h, bias=False)
         self.input_norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.q_proj = nn.Linear(h, nh * hd, bias=False)
-        self.k_proj = nn.Linear(h, nkv * hd, bias=False)
-        self.v_proj = nn.Linear(h, nkv * hd, bias=False)
-        self.o_proj = nn.Linear(nh * hd, h, bias=False)
+        self._init_attention()
         self.post_attn_norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.gate_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+        self._init_mlp()
         # The output is normalised like the target's final hidden states (which vLLM hands the
         # proposer after the final norm), so it feeds the shared LM head and the next step.
         self.final_norm = RMSNorm(h, cfg.rms_norm_eps)
@@ -76,15 +121,9 @@ class SparrowDraftModel(nn.Module):
         positions: torch.Tensor,  # [N] text-stream index of each entry
         attend: Attend,
     ) -> torch.Tensor:  # [N, hidden] predicted (normalised) hidden state of the next token
-        cfg = self.cfg
         x = self.fc(torch.cat([self.embed_norm(next_embeds), self.hidden_norm(target_hidden)], -1))
-        n = x.shape[0]
-        a = self.input_norm(x)
-        q = rotary(self.q_proj(a).view(n, cfg.num_attention_heads, cfg.head_dim), positions, cfg.rope_theta)
-        k, v = self.key_values(x, positions)
-        x = x + self.o_proj(attend(q, k, v).reshape(n, -1))
-        m = self.post_attn_norm(x)
-        x = x + self.down_proj(nn.functional.silu(self.gate_proj(m)) * self.up_proj(m))
+        x = x + self._attention(self.input_norm(x), positions, attend)
+        x = x + self._mlp(self.post_attn_norm(x))
         return self.final_norm(x)
 
 
@@ -94,10 +133,7 @@ class SparrowDraftModel(nn.Module):
         Training also calls this for IVSB's projected visual states, which enter attention as
         extra keys only (they are never queries and never reach the serve-time cache).
         """
-        cfg = self.cfg
-        n, a = x.shape[0], self.input_norm(x)
-        k = rotary(self.k_proj(a).view(n, cfg.num_key_value_heads, cfg.head_dim), positions, cfg.rope_theta)
-        return k, self.v_proj(a).view(n, cfg.num_key_value_heads, cfg.head_dim)
+        return self._key_value(self.input_norm(x), positions)
 
 
 class TokenIO(Protocol):

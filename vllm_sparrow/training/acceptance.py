@@ -88,7 +88,7 @@ def estimate_acceptance_full_stream(draft, io, samples, k: int) -> AcceptanceEst
     which is all that matters, since acceptance stops at the first wrong proposal.
     """
     from .eagle_baseline import full_stream
-    from .mtp import unrolled_stages
+    from .objective import unrolled_stages
 
     was_training = draft.training
     draft.eval()
@@ -112,7 +112,7 @@ def estimate_acceptance_eagle3(draft, draft_io, target_io, samples, k: int, stre
     """The same replay for the EAGLE-3 baseline: stage s of the training-time test at entry
     c-1+s is its (s+1)-th chained proposal after token c (teacher-forced, which is exact up to
     the first rejection). stream(sample, device) -> (token ids [n], positions [n], aux [n, A*H])."""
-    from .mtp import unrolled_stages
+    from .objective import unrolled_stages
 
     was_training = draft.training
     draft.eval()

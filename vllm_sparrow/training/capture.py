@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from ..cli_args import knob
 from ..fingerprint import weights_fingerprint
 from .data import BadSample, Sample, load_media, read_samples
 from .shards import ShardWriter, check_data_file, open_manifest
@@ -33,20 +34,24 @@ STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 
 @dataclass
 class CaptureConfig:
-    target: str
-    data: str  # JSONL file
-    out: str  # capture directory
-    ivsb_layer: int | None = None  # None: two thirds of the depth (layer 20 of 28 in the paper)
-    num_frames: int = 16  # uniformly sampled frames per video
-    regenerate: bool = False  # let the target rewrite responses the dataset has
-    max_new_tokens: int = 256
-    max_seq_len: int = 16384  # longer samples are skipped
-    shard_size: int = 64
-    store_dtype: str = "float32"
-    device: str = "cpu"
-    limit: int | None = None  # first N lines only
-    eagle_baseline: bool = False  # also store what the EAGLE-style baseline trains on
-    eagle3: bool = False  # also store the EAGLE-3 auxiliary states (vLLM's layers for this target)
+    """`sparrow capture`: every option is a field here (cli_args.py)."""
+
+    target: str = knob(help="target model directory (Hugging Face format)")
+    data: str = knob(help="JSONL of samples (see vllm_sparrow/training/data.py)")
+    out: str = knob(help="capture directory (rerun to resume)")
+    ivsb_layer: int | None = knob(None, "target layer of the IVSB visual states (omit: two thirds of the "
+                                        "depth; `sparrow probe-layers` suggests one)")
+    num_frames: int = knob(16, "uniformly sampled frames per video", flag="--frames")
+    regenerate: bool = knob(False, "let the target rewrite responses the dataset has")
+    max_new_tokens: int = knob(256, "longest response the target writes")
+    max_seq_len: int = knob(16384, "longer samples are skipped")
+    shard_size: int = knob(64, "samples per shard (memory is bounded by one shard)")
+    store_dtype: str = knob("float32", "dtype of the stored states", choices=("float32", "bfloat16", "float16"))
+    device: str = knob("cpu", "torch device of the target")
+    limit: int | None = knob(None, "first N lines only")
+    eagle_baseline: bool = knob(False, "also store what the EAGLE-style baseline trains on")
+    eagle3: bool = knob(False, "also store the EAGLE-3 auxiliary states (the target layers vLLM hands an "
+                               "eagle3 draft)")
 
     def settings(self) -> dict:
         """What must not change between a run and its resumption, the target's weights included

@@ -44,7 +44,7 @@ class Eagle3Config:
     max_position_embeddings: int = 32768
     draft_vocab: list[int] | None = field(default=None)  # ascending target ids; None: all
 
-    # The training-time test (mtp.unrolled_stages) reads these: EAGLE-3 attends to every earlier
+    # The training-time test (objective.unrolled_stages) reads these: EAGLE-3 attends to every earlier
     # position, no anchors and no window.
     anchor_tokens = 0
     window_tokens = None
@@ -169,24 +169,14 @@ def init_eagle3(target_dir: str | Path, aux_layer_ids: tuple[int, ...] | None = 
     RoPE base) reading vLLM's default auxiliary layers of it."""
     from transformers import AutoConfig
 
+    from ..config import target_layer_shape
+    from ..model import seeded_draft
     from ..targets import target_spec
     from .target_runner import eagle3_layer_ids
 
     hf = AutoConfig.from_pretrained(str(target_dir))
-    spec, text = target_spec(hf), hf.get_text_config()
-    heads = text.num_attention_heads
-    rope = getattr(text, "rope_theta", None) or (getattr(text, "rope_parameters", None) or {}).get("rope_theta", 1e4)
-    cfg = Eagle3Config(hidden_size=spec.hidden_size, num_attention_heads=heads,
-                       num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
-                       head_dim=getattr(text, "head_dim", None) or spec.hidden_size // heads,
-                       intermediate_size=text.intermediate_size, vocab_size=spec.vocab_size,
-                       aux_layer_ids=tuple(aux_layer_ids or eagle3_layer_ids(spec.num_layers)),
-                       rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6), rope_theta=float(rope),
+    spec = target_spec(hf)
+    cfg = Eagle3Config(**target_layer_shape(hf), aux_layer_ids=tuple(aux_layer_ids or eagle3_layer_ids(spec.num_layers)),
                        draft_vocab=draft_vocab)
-    torch.manual_seed(seed)
-    model = Eagle3Draft(cfg)
-    for p in model.parameters():
-        if p.ndim == 2:
-            nn.init.normal_(p, std=0.02)
-    return model
+    return seeded_draft(Eagle3Draft, cfg, seed)
 

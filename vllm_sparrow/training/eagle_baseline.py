@@ -23,19 +23,12 @@ from safetensors.torch import load_file
 from torch import nn
 
 from ..durable import atomic_save_safetensors, atomic_write_json
-from ..model import RMSNorm, rotary
+from ..config import LayerShape, target_layer_shape
+from ..model import DecoderBody, RMSNorm, seeded_draft
 
 
 @dataclass
-class EagleBaselineConfig:
-    hidden_size: int
-    intermediate_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    vocab_size: int
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
+class EagleBaselineConfig(LayerShape):
     # the training code's window rule: the baseline attends over everything
     anchor_tokens: int = 0
     window_tokens: int | None = None
@@ -49,34 +42,23 @@ class EagleBaselineConfig:
                 "max_position_embeddings": 1 << 20, "tie_word_embeddings": False, "torch_dtype": "float32"}
 
 
-class EagleBaselineDraft(nn.Module):
+class EagleBaselineDraft(nn.Module, DecoderBody):
     def __init__(self, cfg: EagleBaselineConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        h, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        h = cfg.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=False)
-        self.q_proj = nn.Linear(h, nh * hd, bias=False)
-        self.k_proj = nn.Linear(h, nkv * hd, bias=False)
-        self.v_proj = nn.Linear(h, nkv * hd, bias=False)
-        self.o_proj = nn.Linear(nh * hd, h, bias=False)
+        self._init_attention()
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
-        self.gate_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+        self._init_mlp()
 
     def key_values(self, x: torch.Tensor, positions: torch.Tensor):
-        n, cfg = x.shape[0], self.cfg
-        k = rotary(self.k_proj(x).view(n, cfg.num_key_value_heads, cfg.head_dim), positions, cfg.rope_theta)
-        return k, self.v_proj(x).view(n, cfg.num_key_value_heads, cfg.head_dim)
+        return self._key_value(x, positions)  # vLLM's EAGLE layer: no input norm
 
     def forward(self, target_hidden, next_embeds, positions, attend):  # -> [N, hidden]
-        cfg, n = self.cfg, target_hidden.shape[0]
         x = self.fc(torch.cat([next_embeds, target_hidden], -1))  # [N, hidden]
-        q = rotary(self.q_proj(x).view(n, cfg.num_attention_heads, cfg.head_dim), positions, cfg.rope_theta)
-        k, v = self.key_values(x, positions)
-        r = x + self.o_proj(attend(q, k, v).reshape(n, -1))
-        m = self.post_attention_layernorm(r)
-        return r + self.down_proj(nn.functional.silu(self.gate_proj(m)) * self.up_proj(m))
+        r = x + self._attention(x, positions, attend)
+        return r + self._mlp(self.post_attention_layernorm(r))
 
     # ---- vLLM `eagle` checkpoint --------------------------------------------------------
     _NAMES = {"fc": "fc", "q_proj": "layers.0.self_attn.q_proj", "k_proj": "layers.0.self_attn.k_proj",
@@ -105,19 +87,8 @@ class EagleBaselineDraft(nn.Module):
 
 
 def init_eagle_baseline(target_hf_config, seed: int = 0) -> EagleBaselineDraft:
-    text = target_hf_config.get_text_config()
-    heads = text.num_attention_heads
-    cfg = EagleBaselineConfig(
-        hidden_size=text.hidden_size, intermediate_size=text.intermediate_size,
-        num_attention_heads=heads, num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
-        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads, vocab_size=text.vocab_size,
-        rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6))
-    torch.manual_seed(seed)
-    model = EagleBaselineDraft(cfg)
-    for p in model.parameters():
-        if p.ndim == 2:
-            nn.init.normal_(p, std=0.02)
-    return model
+    shape = {**target_layer_shape(target_hf_config), "rope_theta": LayerShape.rope_theta}
+    return seeded_draft(EagleBaselineDraft, EagleBaselineConfig(**shape), seed)
 
 
 def full_stream(sample: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

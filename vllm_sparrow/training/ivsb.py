@@ -1,4 +1,4 @@
-"""IVSB, intermediate-layer visual state bridging (training only).
+"""IVSB, intermediate-layer visual state bridging (training only): the bridge and the policy.
 
 During training the draft also sees visual hidden states from an intermediate target layer
 (semantic, with less low-level noise than raw visual embeddings). They are projected into the
@@ -6,9 +6,15 @@ draft's residual stream and enter its attention as extra keys/values that text q
 (causally: a text token sees the visual tokens before it). They are never queries, carry no
 loss, and are absent at inference, where the draft's cache holds text positions only. The bridge
 is not exported.
+
+Policy (TrainConfig knobs): `ivsb` on/off; `visual_drop`, the share of samples trained with no
+visual states (IVSB dropout: the draft also trains the visual-free path it serves with);
+`visual_fraction`, the share of a shown sample's visual tokens (the paper's Table 1 ablation).
 """
 
 from __future__ import annotations
+
+import random
 
 import torch
 from torch import nn
@@ -46,3 +52,23 @@ def visual_keys(draft: SparrowDraftModel, bridge: VisualBridge, visual_hidden: t
     """Keys/values [V, kv_heads, head_dim] of the projected visual states at their text index."""
     x = bridge(visual_hidden.float())  # [V, hidden]
     return draft.key_values(x, positions)
+
+
+def visual_shown(cfg, step: int, index: int) -> bool:
+    """IVSB dropout: whether this step's sample gets its visual states. A pure function of
+    (seed, step, sample), so a resumed run drops the same ones and the shuffling RNG is untouched."""
+    return cfg.visual_drop <= 0 or random.Random(f"{cfg.seed}:{step}:{index}").random() >= cfg.visual_drop
+
+
+def visual_inputs(cfg, draft: SparrowDraftModel, bridge: VisualBridge, sample: dict, generator: torch.Generator,
+                  shown: bool):
+    """The IVSB keys of one captured sample for this step: (keys [V, kv, D], values, text index
+    of each [V]), or None when IVSB is off, the sample is dropped or it has no visual states."""
+    visual_hidden = sample["visual_hidden"]
+    if not (cfg.ivsb and shown and visual_hidden.shape[0] and cfg.visual_fraction > 0):
+        return None
+    dev = next(draft.parameters()).device
+    keep = pick_visual(visual_hidden.shape[0], cfg.visual_fraction, generator)
+    positions = visual_text_positions(sample["is_visual"])[keep]
+    k, v = visual_keys(draft, bridge, visual_hidden[keep].to(dev), positions.to(dev))
+    return k, v, positions

@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from .acceptance import AcceptanceEstimate, estimate_acceptance, estimate_acceptance_full_stream
-from .mtp import StageResult, unrolled_stages
+from .objective import StageResult, unrolled_stages
 
 
 class Recipe(Protocol):
@@ -59,7 +59,7 @@ class SparrowRecipe:
         return draft
 
     def stages(self, cfg, draft, io, bridge, sample, gen, show_visual):
-        from .ivsb import pick_visual, visual_keys, visual_text_positions
+        from .ivsb import visual_inputs
 
         is_visual = sample["is_visual"]
         dev = next(draft.parameters()).device
@@ -67,12 +67,7 @@ class SparrowRecipe:
         hidden = sample["text_hidden"].to(dev, torch.float32)  # [m, H]
         prompt_text = int((~is_visual[: int(sample["prompt_len"])]).sum())
         scored = _scored(cfg, tokens.shape[0] - 2, prompt_text, dev)
-        visual = None
-        if cfg.ivsb and show_visual and sample["visual_hidden"].shape[0] and cfg.visual_fraction > 0:
-            keep = pick_visual(sample["visual_hidden"].shape[0], cfg.visual_fraction, gen)
-            vpos = visual_text_positions(is_visual)[keep]
-            vk, vv = visual_keys(draft, bridge, sample["visual_hidden"][keep].to(dev), vpos.to(dev))
-            visual = (vk, vv, vpos)
+        visual = visual_inputs(cfg, draft, bridge, sample, gen, show_visual)
         return unrolled_stages(draft, io, tokens, hidden, scored, cfg.mtp_steps, cfg.hidden_loss_weight, visual)
 
     def validate(self, cfg, draft, io, samples):

@@ -2,7 +2,7 @@
 
 A small, capture-free shortcut over the training pipeline for tests and demos: the target
 (`HFTarget`) answers each text-only prompt greedily, and the draft trains on the stage-1
-objective of `mtp.py` (same window mask, same losses as `sparrow train`) over those streams.
+objective of `objective.py` (same window mask, same losses as `sparrow train`) over those streams.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..model import SparrowDraftModel
-from .mtp import unrolled_stages
+from .objective import unrolled_stages
 
 
 @dataclass

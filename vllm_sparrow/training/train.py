@@ -16,14 +16,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from ..cli_args import knob, optional_window
+from ..config import SparrowConfig
 from ..durable import append_jsonl, atomic_torch_save, atomic_write_json, atomic_write_text, read_jsonl
 from .acceptance import AcceptanceEstimate
-from .ivsb import VisualBridge
+from .ivsb import VisualBridge, visual_shown
 from .recipes import recipe_for
 from .shards import ShardReader
 
@@ -32,33 +34,40 @@ log = logging.getLogger("vllm_sparrow.train")
 
 @dataclass
 class TrainConfig:
-    capture: str  # capture directory (sparrow capture)
-    out: str  # run directory
-    init: str | None = None  # draft directory to start from; None: random init for the target
-    draft_kind: str = "sparrow"  # or the baselines "eagle" and "eagle3" (recipes.py)
-    steps: int = 1000  # optimiser steps
-    batch_samples: int = 1  # samples per optimiser step (gradient accumulation)
-    lr: float = 3e-4
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    hidden_loss_weight: float = 0.1
-    mtp_steps: int = 2  # MTP stages after stage 1 (0: stage 1 only)
-    mtp_weight: float = 0.5  # stage s weight = mtp_weight ** s
-    ivsb: bool = True  # show intermediate visual states during training
-    visual_fraction: float = 1.0  # share of visual states shown (0, 0.5, 1 in the paper)
-    visual_drop: float = 0.0  # share of samples trained with no visual states at all: the draft
-    # serves without them, so this trains the path it serves with on the rest of IVSB's samples
-    loss_on_prompt: bool = False  # score prompt text tokens too (vLLM drafts only after it)
-    anchor_tokens: int = 4  # used when init is None
-    window_tokens: int | None = 512
-    speculative_tokens: int = 3  # K of the validation replay and the exported default
-    holdout: int = 2  # last N captured samples: validation only
-    val_every: int = 0  # 0: validate at the end only
-    save_every: int = 100
-    log_every: int = 10
-    seed: int = 0
-    device: str = "cpu"
-    extra: dict = field(default_factory=dict)
+    """`sparrow train`: every option is a field here (cli_args.py)."""
+
+    capture: str = knob(help="capture directory (sparrow capture)")
+    out: str = knob(help="run directory; the draft lands in OUT/draft (rerun to resume)")
+    init: str | None = knob(None, "draft directory to start from (omit: random init for the target)")
+    draft_kind: str = knob("sparrow", "sparrow, or the baselines eagle / eagle3 (vLLM's methods 'eagle' / "
+                           "'eagle3'; eagle3 needs a capture made with --eagle3)",
+                           choices=("sparrow", "eagle", "eagle3"))
+    steps: int = knob(1000, "optimiser steps")
+    batch_samples: int = knob(1, "samples per optimiser step (gradient accumulation)")
+    lr: float = knob(3e-4, "peak learning rate")
+    weight_decay: float = knob(0.0, "AdamW weight decay")
+    warmup_steps: int = knob(0, "linear warm-up steps")
+    hidden_loss_weight: float = knob(0.1, "weight of the next-state regression beside the next-token loss")
+    mtp_steps: int = knob(2, "MTP stages after stage 1 (0: stage 1 only)")
+    mtp_weight: float = knob(0.5, "stage s loss weight = mtp_weight ** s")
+    ivsb: bool = knob(True, "ablation: no intermediate visual states in training", flag="--no-ivsb")
+    visual_fraction: float = knob(1.0, "share of a sample's visual states shown (0, 0.5, 1 in the paper)")
+    visual_drop: float = knob(0.0, "share of samples trained with no visual states (IVSB dropout: the draft "
+                                   "serves without them)")
+    loss_on_prompt: bool = knob(False, "score prompt text tokens too (vLLM drafts only after the prompt)")
+    anchor_tokens: int = knob(SparrowConfig.anchor_tokens, "anchor text tokens A (random init only)",
+                              flag="--anchors")
+    window_tokens: int | None = knob(SparrowConfig.window_tokens, "window text tokens W, or 'none' for all "
+                                     "(random init only)", flag="--window", parse=optional_window)
+    speculative_tokens: int = knob(SparrowConfig.speculative_tokens, "K of the validation replay and the "
+                                   "exported default", flag="--k")
+    holdout: int = knob(2, "last N captured samples: validation only")
+    val_every: int = knob(0, "validate every N steps (0: at the end only)")
+    save_every: int = knob(100, "checkpoint every N steps")
+    log_every: int = knob(10, "log every N steps")
+    seed: int = knob(0, "seed of initialisation, sample order and IVSB dropout")
+    device: str = knob("cpu", "torch device (cuda under torchrun: one rank per GPU)")
+    extra: dict = knob(default_factory=dict, cli=False)
 
 
 @dataclass
@@ -112,7 +121,7 @@ def _loop(cfg, out, reader, train_idx, val_idx, draft, io, bridge, opt, state, r
             if sample is None:
                 continue
             stages = recipe_for(cfg.draft_kind).stages(cfg, draft, io, bridge, sample, gen,
-                                                       _visual_shown(cfg, step, index))
+                                                       visual_shown(cfg, step, index))
             loss = sum((cfg.mtp_weight ** s) * r.loss for s, r in enumerate(stages)) / cfg.batch_samples
             loss.backward()
             window["loss"] += loss.item()
@@ -157,14 +166,6 @@ def _load(reader, pos: int) -> dict | None:
         log.warning("skipping captured sample at position %d: fewer than 3 text tokens", pos)
         return None
     return sample
-
-
-def _visual_shown(cfg: TrainConfig, step: int, index: int) -> bool:
-    """IVSB dropout: whether this step's sample gets its visual states. A pure function of
-    (seed, step, sample), so a resumed run drops the same ones and the shuffling RNG is untouched."""
-    import random
-
-    return cfg.visual_drop <= 0 or random.Random(f"{cfg.seed}:{step}:{index}").random() >= cfg.visual_drop
 
 
 def _validate(cfg, out, reader, val_idx, draft, io, step) -> AcceptanceEstimate:

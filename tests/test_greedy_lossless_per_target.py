@@ -60,27 +60,35 @@ def case(request, target_dirs, trained_drafts, clips):
     close_llm(llm)
 
 
+DEEP_K = 6  # the deeper-drafts engine: depth 6, tree search, adaptive length, all at once
+
+
 def _tree_search_outputs(target, draft, reqs):
-    """The same batch drafted by tree search (tree_search.py: top-3 expansion, best path)."""
+    """The same batch drafted DEEP_K deep by tree search (top-3 expansion, best path), each
+    request's chain cut where its draft confidence falls below 0.5 (adaptive length)."""
     import os
 
-    os.environ["SPARROW_TREE_TOPK"] = "3"  # read by the in-process engine's proposer at load
+    env = {"SPARROW_TREE_TOPK": "3", "SPARROW_STOP_CONFIDENCE": "0.5"}  # read at load, in process
+    os.environ.update(env)
     try:
-        llm = make_llm(target, speculative_config={
-            "method": "sparrow", "model": str(draft), "num_speculative_tokens": K})
+        llm = make_llm(target, disable_log_stats=False, speculative_config={
+            "method": "sparrow", "model": str(draft), "num_speculative_tokens": DEEP_K})
     finally:
-        del os.environ["SPARROW_TREE_TOPK"]
+        for key in env:
+            del os.environ[key]
     outputs = [list(o.outputs[0].token_ids) for o in llm.generate(reqs, GREEDY)]
-    tree = drafter_stats(llm)["tree"]
+    tree, counters = drafter_stats(llm)["tree"], spec_counters(llm)
     close_llm(llm)
-    return tree, outputs
+    return tree, counters, outputs
 
 
-def test_tree_search_outputs_equal_target_outputs(case):
-    kind, reference, _, _, (tree, outputs) = case
-    assert tree == [3, 3 * (K - 1)], "the tree engine must have drafted by tree search"
+def test_deep_tree_search_with_adaptive_length_equals_target_outputs(case):
+    kind, reference, _, _, (tree, counters, outputs) = case
+    assert tree == [3, 3 * (DEEP_K - 1)], "the engine must have drafted by tree search"
+    per_step = counters["num_draft_tokens"] / counters["num_drafts"]
+    assert 1 <= per_step < DEEP_K, f"{kind}: adaptive length must cut some chains ({per_step:.2f} per step)"
     for i, (ref, out) in enumerate(zip(reference, outputs)):
-        assert out == ref, f"{kind}: request {i} differs with tree search"
+        assert out == ref, f"{kind}: request {i} differs with deep drafts, tree search and adaptive length"
 
 
 def test_greedy_outputs_equal_target_outputs(case):

@@ -73,3 +73,14 @@ def test_rerun_with_the_same_settings_reuses_finished_records(quick_bench):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "engine up" not in done.stdout and "| sparrow |" in done.stdout
+
+
+def test_an_ablation_can_carry_its_own_depth():
+    """--ablation NAME=DIR@K compares depths in one run; a plain DIR runs at the run's K."""
+    from sparrow_world.bench.config import BenchConfig
+    from sparrow_world.bench.engines import speculative_config
+
+    cfg = BenchConfig(num_speculative_tokens=3, ablations={"k8": "models/world/sparrow@8", "same": "runs/a@b"})
+    assert speculative_config("k8", cfg)["num_speculative_tokens"] == 8
+    assert speculative_config("k8", cfg)["model"] == "models/world/sparrow"
+    assert speculative_config("same", cfg) == {"method": "sparrow", "model": "runs/a@b", "num_speculative_tokens": 3}

@@ -42,18 +42,20 @@ def reference(target_dirs):
     return samples, greedy
 
 
-@pytest.mark.parametrize("draft_sample_method", ["greedy", "probabilistic", "greedy-tree-search"])
+@pytest.mark.parametrize("draft_sample_method", ["greedy", "probabilistic", "greedy-deep-tree-adaptive"])
 def test_sampled_tokens_follow_the_target_distribution(draft_sample_method, reference,
                                                        target_dirs, trained_drafts, monkeypatch):
-    """greedy-tree-search: greedy drafting by tree search (a deterministic draft: vLLM verifies
-    its best path as a point mass, at any temperature)."""
+    """greedy-deep-tree-adaptive: 6 greedy drafts by tree search, cut by adaptive length (a
+    deterministic draft of varying length: vLLM verifies it as a point mass at any temperature)."""
     target, draft = target_dirs(KIND), trained_drafts(KIND)
     ref_samples, ref_greedy = reference
-    if draft_sample_method == "greedy-tree-search":
+    k = 3
+    if draft_sample_method == "greedy-deep-tree-adaptive":
         monkeypatch.setenv("SPARROW_TREE_TOPK", "3")
-        draft_sample_method = "greedy"
+        monkeypatch.setenv("SPARROW_STOP_CONFIDENCE", "0.5")
+        draft_sample_method, k = "greedy", 6
     llm = make_llm(target, max_num_seqs=64, disable_log_stats=False, speculative_config={
-        "method": "sparrow", "model": str(draft), "num_speculative_tokens": 3,
+        "method": "sparrow", "model": str(draft), "num_speculative_tokens": k,
         "draft_sample_method": draft_sample_method})
     samples, greedy = _run(llm, target)
     counters = spec_counters(llm)

@@ -31,8 +31,16 @@ def speculative_config(method: str, cfg: BenchConfig) -> dict | None:
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
     if method in cfg.ablations:
-        return {"method": "sparrow", "model": cfg.ablations[method], "num_speculative_tokens": k}
+        draft, k = ablation_draft(cfg.ablations[method], k)
+        return {"method": "sparrow", "model": draft, "num_speculative_tokens": k}
     raise ValueError(f"unknown method {method!r}; expected none, sparrow, eagle, eagle3, ngram or an ablation name")
+
+
+def ablation_draft(value: str, k: int) -> tuple[str, int]:
+    """An ablation's draft directory and depth: "DIR" (the run's K) or "DIR@K" (its own K, to
+    compare depths in one run)."""
+    draft, _, depth = value.rpartition("@")
+    return (draft, int(depth)) if draft and depth.isdigit() else (value, k)
 
 
 def open_engine(method: str, cfg: BenchConfig, max_visual_tokens: int, max_num_seqs: int = 4):

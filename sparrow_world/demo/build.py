@@ -38,7 +38,7 @@ class DemoBuildConfig:
     draft_clips: dict[int, int] = field(default_factory=lambda: {16: 128, 32: 48})  # seconds -> clips
     draft_steps: int = 1500
     draft_lr: float = 1e-3
-    speculative_tokens: int = 3
+    speculative_tokens: int = 8  # the served depth: measured best on this world (docs/benchmarks.md, Depth)
     window_tokens: int = 128
     anchor_tokens: int = 4
     mtp_steps: int = 2

@@ -69,6 +69,7 @@ def _run(models: Path, max_tokens: int, out) -> int:
 
     from ..bench.config import BenchConfig
     from ..bench.engines import close_engine, generate_one, open_engine
+    from vllm_sparrow.config import SparrowConfig
     from vllm_sparrow.engine_stats import spec_counters
     from ..tiny_targets import make_prompt
     from vllm_sparrow.video import decode_video
@@ -77,7 +78,9 @@ def _run(models: Path, max_tokens: int, out) -> int:
         if not (models / part / "config.json").exists():
             raise SystemExit(f"{models / part} is missing; rebuild the demo models with `sparrow demo build`")
     clips = sample_clips()
-    cfg = BenchConfig(target=str(models / "target"), sparrow=str(models / "sparrow"), max_tokens=max_tokens)
+    k = SparrowConfig.load(models / "sparrow").speculative_tokens  # the draft's recommended depth
+    cfg = BenchConfig(target=str(models / "target"), sparrow=str(models / "sparrow"), max_tokens=max_tokens,
+                      num_speculative_tokens=k)
     tok = AutoTokenizer.from_pretrained(cfg.target)
     prompt = make_prompt("qwen2_5_vl", tok, cfg.prompt, media="video")
     requests = [{"prompt": prompt, "multi_modal_data": {"video": decode_video(c["path"])}} for c in clips]
@@ -97,11 +100,11 @@ def _run(models: Path, max_tokens: int, out) -> int:
                 counters = {k: after[k] - before[k] for k in ("num_drafts", "num_accepted_tokens")}
         finally:
             close_engine(llm)
-    _print(clips, results, counters, tok, out)
+    _print(clips, results, counters, tok, out, k)
     return 0 if all(a["token_ids"] == b["token_ids"] for a, b in zip(results["none"], results["sparrow"])) else 1
 
 
-def _print(clips, results, counters, tok, out) -> None:
+def _print(clips, results, counters, tok, out, k: int) -> None:
     from ..bench.run import caption_accuracy
 
     print(file=out)
@@ -118,7 +121,7 @@ def _print(clips, results, counters, tok, out) -> None:
     base_s = sum(r["decode_s"] for r in results["none"])
     spec_s = sum(r["decode_s"] for r in results["sparrow"])
     if counters and counters["num_drafts"]:
-        print(f"\nmean acceptance length (incl. bonus token, K=3): "
+        print(f"\nmean acceptance length (incl. bonus token, K={k}, the draft's recommended depth): "
               f"{1 + counters['num_accepted_tokens'] / counters['num_drafts']:.2f}", file=out)
     print(f"decode speedup vs no speculation (same run, this machine's CPU, batch size 1): "
           f"{base_s / spec_s:.2f}x", file=out)

@@ -9,18 +9,24 @@ from vllm_sparrow import cli
 from vllm_sparrow.batch_caption import CaptionJob
 from vllm_sparrow.cli_args import from_args
 from vllm_sparrow.config import SparrowConfig
+from vllm_sparrow.training.acceptance import StopCalibration
 from vllm_sparrow.training.capture import CaptureConfig
+from vllm_sparrow.training.export import ExportJob
+from vllm_sparrow.training.probe_layers import ProbeJob
 from vllm_sparrow.training.train import TrainConfig
 
 REQUIRED = {"train": ["--capture", "c", "--out", "o"], "capture": ["--target", "t", "--data", "d", "--out", "o"],
-            "caption": ["--inputs", "i", "--out", "o", "--target", "t"]}
+            "caption": ["--inputs", "i", "--out", "o", "--target", "t"], "export": ["--run", "r", "--out", "o"],
+            "probe-layers": ["--target", "t", "--data", "d"], "calibrate-stop": ["--draft", "d", "--capture", "c"]}
 
 
 def _parse(argv):
     return cli.build_parser().parse_args(argv)
 
 
-@pytest.mark.parametrize("command,cls", [("train", TrainConfig), ("capture", CaptureConfig), ("caption", CaptionJob)])
+@pytest.mark.parametrize("command,cls", [("train", TrainConfig), ("capture", CaptureConfig), ("caption", CaptionJob),
+                                         ("export", ExportJob), ("probe-layers", ProbeJob),
+                                         ("calibrate-stop", StopCalibration)])
 def test_a_bare_command_parses_to_the_configs_defaults(command, cls):
     args = _parse([command, *REQUIRED[command]])
     cfg = from_args(cls, args)

@@ -71,10 +71,11 @@ def _calibrate_stop(args) -> int:
     reader = ShardReader(args.capture)
     samples = [reader[i] for i in range(max(0, len(reader) - args.samples), len(reader))]  # the held-out tail
     draft = load_draft(args.draft)
+    k = args.k or draft.cfg.speculative_tokens
     target = HFTarget(reader.manifest.settings["target"])
-    best, scores = calibrate_stop_confidence(draft, target, samples, args.k, args.verify_token_cost)
+    best, scores = calibrate_stop_confidence(draft, target, samples, k, args.verify_token_cost)
     for key, value in scores.items():
-        print(f"  stop_confidence {key}: {value:.3f} tokens per unit of verify cost")
+        print(f"  stop_confidence {key}: {value:.3f} tokens per unit of verify cost (K = {k})")
     print(f"best: {'off (always K tokens)' if best is None else best}")
     if args.write:
         draft.cfg.stop_confidence = best
@@ -112,7 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     # The configs are plain dataclasses (no torch, no vLLM): importing them keeps --help fast.
     from .batch_caption import CaptionJob
     from .config import SparrowConfig
+    from .training.acceptance import StopCalibration
     from .training.capture import CaptureConfig
+    from .training.export import ExportJob
+    from .training.probe_layers import ProbeJob
     from .training.train import TrainConfig
 
     p = argparse.ArgumentParser(prog="sparrow", description=__doc__)
@@ -127,31 +131,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(c, CaptureConfig)
     c.set_defaults(fn=_capture)
     pl = sub.add_parser("probe-layers", help="measure text->visual attention per layer; suggest the IVSB layer")
-    pl.add_argument("--target", required=True)
-    pl.add_argument("--data", required=True)
-    pl.add_argument("--samples", type=int, default=8)
-    pl.add_argument("--frames", type=int, default=16)
-    pl.add_argument("--device", default="cpu")
+    add_options(pl, ProbeJob)
     pl.set_defaults(fn=_probe_layers)
     t = sub.add_parser("train", help="train a Sparrow draft (stage 1 + IVSB + MTP); rerun to resume")
     add_options(t, TrainConfig)
     t.set_defaults(fn=_train)
     e = sub.add_parser("export", help="write the plugin draft directory from a run's last checkpoint")
-    e.add_argument("--run", required=True)
-    e.add_argument("--out", required=True)
-    e.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                   help="also write a reduced draft vocabulary: the N most frequent text tokens of the "
-                        "run's training capture (the draft proposes only those; lossless either way)")
+    add_options(e, ExportJob)
     e.set_defaults(fn=_export)
     cal = sub.add_parser("calibrate-stop", help="pick the adaptive-length threshold of a Sparrow draft on held-out "
                                                   "captured samples")
-    cal.add_argument("--draft", required=True)
-    cal.add_argument("--capture", required=True, help="capture of the draft's target; its last --samples are used")
-    cal.add_argument("--samples", type=int, default=8)
-    cal.add_argument("--k", type=int, default=8, help="speculative tokens the server will draft")
-    cal.add_argument("--verify-token-cost", type=float, default=0.1,
-                     help="cost of one more verified token relative to a verify step's fixed cost")
-    cal.add_argument("--write", action="store_true", help="store the best threshold in the draft's config.json")
+    add_options(cal, StopCalibration)
     cal.set_defaults(fn=_calibrate_stop)
     cap = sub.add_parser("caption", help="caption a folder or JSONL of videos (resumable, one JSONL row each)")
     add_options(cap, CaptionJob)

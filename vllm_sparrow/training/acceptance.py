@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..attention import TorchWindowAttention
+from ..cli_args import knob
 from ..drafter import SparrowDrafter, StepBatch
 from ..model import OwnTokenIO, SparrowDraftModel
 
@@ -135,6 +136,18 @@ def estimate_acceptance_eagle3(draft, draft_io, target_io, samples, k: int, stre
 
 
 THRESHOLDS = (0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+
+
+@dataclass
+class StopCalibration:
+    """`sparrow calibrate-stop`: every option is a field here (cli_args.py)."""
+
+    draft: str = knob(help="Sparrow draft directory")
+    capture: str = knob(help="capture of the draft's target; its last --samples samples are used")
+    samples: int = knob(8, "held-out samples (the capture's last ones)")
+    k: int | None = knob(None, "speculative tokens the server will draft (omit: the draft's recommended depth)")
+    verify_token_cost: float = knob(0.1, "cost of one more verified token relative to a verify step's fixed cost")
+    write: bool = knob(False, "store the best threshold in the draft's config.json")
 
 
 @torch.no_grad()

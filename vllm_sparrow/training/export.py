@@ -5,11 +5,24 @@ baselines. The IVSB bridge is training-only and is left out."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..cli_args import knob
 from .recipes import recipe_for
+
+
+@dataclass
+class ExportJob:
+    """`sparrow export`: every option is a field here (cli_args.py)."""
+
+    run: str = knob(help="run directory of `sparrow train` (its last checkpoint is exported)")
+    out: str = knob(help="draft directory to write")
+    draft_vocab: int | None = knob(None, "also write a reduced draft vocabulary: the N most frequent text tokens of "
+                                         "the run's training capture (the draft proposes only those; lossless "
+                                         "either way)")
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, draft_vocab: int | None = None) -> Path:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..cli_args import knob
+
 
 @dataclass
 class LayerProbe:
@@ -29,6 +31,17 @@ class LayerProbe:
     num_samples: int  # samples that had visual tokens followed by text
     # hidden_states index (HF convention): L is the output of decoder layer L, 1..num_layers.
     suggested_layer: int
+
+
+@dataclass
+class ProbeJob:
+    """`sparrow probe-layers`: every option is a field here (cli_args.py)."""
+
+    target: str = knob(help="target model directory (Hugging Face format)")
+    data: str = knob(help="JSONL of samples, as for `sparrow capture`")
+    samples: int = knob(8, "samples with media to probe")
+    frames: int = knob(16, "frames sampled per video")
+    device: str = knob("cpu", "torch device of the target")
 
 
 def probe_layers(hf_model, inputs: Iterable[dict], visual_token_ids: Collection[int]) -> LayerProbe:

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from clip_data import clip_rows
 from conftest import close_llm, make_llm
 from vllm import SamplingParams
 
@@ -120,15 +121,10 @@ def trained(workdir, target_dirs):
     from vllm_sparrow.training.shards import ShardReader
     from vllm_sparrow.training.target_runner import HFTarget
     from vllm_sparrow.training.train import TrainConfig, train
-    from vllm_sparrow.video import write_synthetic_clip
 
     root, target = workdir / "eagle3-train", target_dirs(KIND)
     root.mkdir()
-    rows = []
-    for v in range(2):
-        for j, text in enumerate(PROMPTS):
-            write_synthetic_clip(root / f"v{v}{j}.mp4", 4, width=112, height=112, seed=10 * v + j)
-            rows.append({"video": f"v{v}{j}.mp4", "prompt": text})
+    rows = clip_rows(root, PROMPTS)
     (root / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     capture(CaptureConfig(target=str(target), data=str(root / "data.jsonl"), out=str(root / "cap"), num_frames=4,
                           max_new_tokens=32, eagle_baseline=True, eagle3=True), progress=False)

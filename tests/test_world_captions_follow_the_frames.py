@@ -109,3 +109,14 @@ def test_clip_sizes_span_half_k_to_25k_visual_tokens(target_dirs, tmp_path):
     ids = proc(text=[make_prompt("qwen2_5_vl", proc, "describe", "video")], videos=[frames],
                video_metadata=[meta], do_sample_frames=False, return_tensors="pt")["input_ids"][0]
     assert int((ids == proc.tokenizer.convert_tokens_to_ids("<|video_pad|>")).sum()) == small.visual_tokens_qwen25vl()
+
+
+def test_a_scene_encodes_to_the_same_file_every_time(tmp_path):
+    """Benchmark clips are written anew in every run: the same scene must give the same bytes,
+    or the target's captions (and every method's numbers) move between runs. Writing a clip
+    twice in one process used to give different files."""
+    from sparrow_world.world import WorldConfig, sample_scene, write_scene
+
+    scene = sample_scene(30_000_001, WorldConfig(duration_s=8))
+    files = [write_scene(scene, tmp_path / f"clip{i}.mp4").read_bytes() for i in range(3)]
+    assert files[0] == files[1] == files[2]

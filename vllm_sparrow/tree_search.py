@@ -133,6 +133,15 @@ def search_chain(drafter, spec: TreeSpec, y, slots, c_new, drafting, rows: int |
 
     y [B, H]: the draft state after the commit (its logits draft the first token); c_new [B]:
     committed entries; drafting [B]: requests that draft this step (others get zeros).
+
+    Worked example, one request, topk 2, K 3 (log-probabilities in brackets):
+      root          top-2: a (-0.1), b (-2.0)                      frontier [a, b]
+      level 1       a -> c (-0.2), d (-0.3);  b -> e (-0.05), f (-0.9)
+                    cand = [ac -0.3, ad -0.4, be -2.05, bf -2.9];  keep = [0, 1]
+                    parent = keep // 2 = [0, 0]: both new branches continue a, so a's key
+                    columns are copied into both places (BranchKeys.reorder)   frontier [ac, ad]
+      level 2       best child of each: ac -> g (-0.5): -0.8;  ad -> h (-0.1): -0.5
+      chain         a d h (the greedy chain would have been a c g)
     """
     B, K = y.shape[0], num_draft
     widths = spec.widths(K)  # [K - 1] frontier width at depths 1..K-1

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # aten ops whose result size or value the host must read from the device

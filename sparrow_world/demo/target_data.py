@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 from ..world import WorldConfig, caption, render, sample_scene
-from ..world.caption import PROMPT
 from ..world.render import BACKGROUND
 from ..world.scene import COLOURS, MOTIONS, SHAPES, SIZES
 from .vision_aux import token_labels

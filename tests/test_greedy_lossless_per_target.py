@@ -51,7 +51,7 @@ def case(request, target_dirs, trained_drafts, clips):
     base = make_llm(target)  # the plain engine first: upstream needs that order in one process
     reference = [list(o.outputs[0].token_ids) for o in base.generate(reqs, GREEDY)]
     close_llm(base)
-    tree = _tree_search_outputs(target, draft, reqs)
+    tree = _deep_tree_adaptive_outputs(target, draft, reqs)
     llm = make_llm(target, disable_log_stats=False,
                    speculative_config={"method": "sparrow", "model": str(draft), "num_speculative_tokens": K})
     record_drafter_inputs(llm)
@@ -63,7 +63,7 @@ def case(request, target_dirs, trained_drafts, clips):
 DEEP_K = 6  # the deeper-drafts engine: depth 6, tree search, adaptive length, all at once
 
 
-def _tree_search_outputs(target, draft, reqs):
+def _deep_tree_adaptive_outputs(target, draft, reqs):
     """The same batch drafted DEEP_K deep by tree search (top-3 expansion, best path), each
     request's chain cut where its draft confidence falls below 0.5 (adaptive length)."""
     import os

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from vllm_sparrow_kernels.window_attention_ref import key_visible, ring_stored_index
 
+from .window import WindowBatch
+
 
 @dataclass(frozen=True)
 class TreeSpec:
@@ -155,7 +157,7 @@ def search_chain(drafter, spec: TreeSpec, y, slots, c_new, drafting, rows: int |
         # The frontier (depth `level`) through one draft forward: every node at text index
         # c_new + level - 1, reading the committed keys and its own branch's.
         w = paths.shape[1]
-        wb = _FrontierBatch(slots, (c_new + level - 1)[:, None].repeat(1, w), drafting[:, None].expand(B, w), c_new)
+        wb = WindowBatch(slots, (c_new + level - 1)[:, None].repeat(1, w), drafting[:, None].expand(B, w), c_new)
         states = drafter._forward(parent_states.reshape(B * w, -1), ids_of(paths[:, :, -1]), wb,
                                   lambda q, k, v, lv=level: keys.attend(lv, q, k, v)).view(B, w, -1)
         # Score the children; the best w_next of them form the next frontier (1: only the best
@@ -182,14 +184,3 @@ def search_chain(drafter, spec: TreeSpec, y, slots, c_new, drafting, rows: int |
     chain, chain_cum = paths[ar, best], cum[ar, best]  # [B, K]
     conf = torch.cat([chain_cum[:, :1], chain_cum.diff(dim=1)], 1).exp()  # [B, K]
     return torch.where(drafting[:, None], ids_of(chain), 0), conf
-
-
-@dataclass
-class _FrontierBatch:
-    """The [B, w] layout of one search level (what drafter._forward reads of a WindowBatch)."""
-
-    slots: torch.Tensor
-    pos: torch.Tensor  # [B, w] every branch at the same text index
-    valid: torch.Tensor
-    cache_len: torch.Tensor
-    rows: int | None = None

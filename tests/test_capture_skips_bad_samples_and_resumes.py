@@ -1,6 +1,7 @@
 """`sparrow capture`: bad samples are skipped and counted with their reason (the run goes on),
 shards round-trip what the target computed, and a capture killed with SIGKILL while writing a
-shard resumes where it stopped without redoing finished shards or losing samples."""
+shard, then again while its rerun writes the manifest, resumes where it stopped without redoing
+finished shards or losing samples."""
 
 import json
 import os
@@ -56,12 +57,19 @@ def _cfg(d, out, **kw):
                          num_frames=16, max_new_tokens=8, max_seq_len=120, shard_size=2, **kw)
 
 
-def test_bad_samples_are_skipped_with_reasons_and_the_rest_kept(dataset, workdir):
-    report = capture(_cfg(dataset, workdir / "cap-a"), progress=False)
+@pytest.fixture(scope="module")
+def captured(dataset, workdir):
+    """The dataset captured in one uninterrupted run: (its report, its folder)."""
+    out = workdir / "cap-a"
+    return capture(_cfg(dataset, out), progress=False), out
+
+
+def test_bad_samples_are_skipped_with_reasons_and_the_rest_kept(dataset, captured):
+    report, out = captured
     assert report.kept == len(dataset["good"])
     assert report.skipped == {"missing file": 1, "undecodable media": 1, "empty response": 1,
                               "over-long sample": 1, "bad json": 1, "target error": 1}
-    skipped = ShardReader(workdir / "cap-a").manifest.skipped
+    skipped = ShardReader(out).manifest.skipped
     assert "missing.mp4 does not exist" in skipped["3"] and "re-encode" in skipped["4"]
     assert skipped["10"].startswith("target error: ValueError") and "aspect ratio" in skipped["10"]
 
@@ -83,11 +91,11 @@ def test_resume_refuses_a_data_file_whose_captured_lines_changed(dataset, workdi
         capture(CaptureConfig(**{**vars(cfg), "limit": None}), progress=False)
 
 
-def test_shards_round_trip_the_target_states(dataset, workdir):
+def test_shards_round_trip_the_target_states(dataset, captured):
     from vllm_sparrow.training.data import load_media, read_samples
     from vllm_sparrow.training.target_runner import HFTarget
 
-    reader = ShardReader(workdir / "cap-a")
+    reader = ShardReader(captured[1])
     hf = HFTarget(str(dataset["target"]))
     row = next(read_samples(dataset["root"] / "data.jsonl"))  # v0.mp4, response by the target
     stored = reader[0]
@@ -106,21 +114,28 @@ def test_shards_round_trip_the_target_states(dataset, workdir):
     assert conv["token_ids"][int(conv["prompt_len"]):].tolist() == answer + hf.eos_ids[:1]
 
 
-def test_capture_killed_while_writing_a_shard_resumes_where_it_stopped(dataset, workdir):
-    out = workdir / "cap-b"
+def _capture_killed(cfg, kill_at: str) -> subprocess.CompletedProcess:
     code = ("import json, sys; from vllm_sparrow.training.capture import CaptureConfig, capture; "
             "capture(CaptureConfig(**json.loads(sys.argv[1])), progress=False)")
-    env = {**os.environ, "SPARROW_KILL_AT_WRITE": "2:shard-"}  # half of the second shard written
-    killed = subprocess.run([sys.executable, "-c", code, json.dumps(vars(_cfg(dataset, out)))], env=env,
-                            capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "SPARROW_KILL_AT_WRITE": kill_at}
+    return subprocess.run([sys.executable, "-c", code, json.dumps(vars(cfg))], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_capture_killed_while_writing_a_shard_resumes_where_it_stopped(dataset, workdir, captured):
+    out = workdir / "cap-b"
+    killed = _capture_killed(_cfg(dataset, out), "2:shard-")  # half of the second shard written
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     first = ShardReader(out).manifest
     assert [s["samples"] for s in first.shards] == [[0, 1]]  # the torn shard was never listed
     shard0 = (out / "shard-00000.safetensors").stat().st_mtime_ns
+    again = _capture_killed(_cfg(dataset, out), "3:manifest")  # the rerun, in its third manifest write
+    assert again.returncode == -signal.SIGKILL, again.stderr[-2000:]
+    assert ShardReader(out).manifest.shards[0]["samples"] == [0, 1]  # the manifest reads whole
     report = capture(_cfg(dataset, out), progress=False)
     assert report.resumed_from >= 2 and report.kept == len(dataset["good"])
     assert (out / "shard-00000.safetensors").stat().st_mtime_ns == shard0  # finished work kept
-    reference = ShardReader(workdir / "cap-a")
+    reference = ShardReader(captured[1])
     resumed = ShardReader(out)
     assert sorted(i for _, i in resumed.where) == sorted(i for _, i in reference.where)  # each once
     for pos in range(len(resumed)):  # every listed shard reads whole
@@ -166,3 +181,21 @@ def test_weights_fingerprint_of_a_large_checkpoint_follows_its_content(tmp_path)
     fingerprints = {name: weights_fingerprint(tmp_path / name) for name in ("a", "copy", "retrained")}
     assert fingerprints["a"] == fingerprints["copy"] != fingerprints["retrained"]
     assert weights_fingerprint("Qwen/Qwen2.5-VL-7B-Instruct") is None  # a hub id: nothing to read
+
+
+def test_a_full_disk_stops_the_capture_with_a_message_and_keeps_the_manifest(dataset, workdir):
+    """A shard that cannot be written is not a bad sample: `sparrow capture` stops, names the
+    file and what to do, and the manifest still reads whole (a rerun resumes)."""
+    out = workdir / "cap-full-disk"
+    cfg = _cfg(dataset, out)
+    code = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (8192, resource.RLIM_INFINITY)); "
+            "from vllm_sparrow.cli import main; sys.exit(main(sys.argv[1:]))")
+    args = ["capture", "--target", cfg.target, "--data", cfg.data, "--out", str(out), "--frames", "16",
+            "--max-new-tokens", "8", "--max-seq-len", "120", "--shard-size", "2"]
+    run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 1, run.stderr[-3000:]
+    assert "shard-00000.safetensors" in run.stderr and "Free disk space" in run.stderr, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr
+    manifest = ShardReader(out).manifest
+    assert manifest.shards == [] and not any("target error" in m for m in manifest.skipped.values())

@@ -1,15 +1,21 @@
 """durable.py, under which every long job writes: a process killed with SIGKILL half way through
-a write leaves the previous whole file (atomic writes) or a torn last line that the next read
-cuts off (JSONL appends); a bad line that is not a torn write is reported by line number."""
+any of its writes leaves the previous whole file (atomic writes) or a torn last line that the next
+read cuts off (JSONL appends); file bytes are fsynced before the rename and the folder after it;
+a full disk (a file-size limit in a child process) leaves the previous file whole, or the JSONL
+without the row, and raises an error that says what to do; a bad line that is not a torn write is
+reported by line number."""
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from vllm_sparrow import durable
 from vllm_sparrow.durable import append_jsonl, atomic_write_json, read_jsonl
 
 
@@ -39,6 +45,118 @@ def test_a_kill_during_an_append_leaves_a_torn_line_that_the_next_run_cuts(tmp_p
     assert path.read_text().count("\n") == 2
 
 
+# A job that interleaves both kinds of write, as captioning and training do: six rounds of
+# (append a row, rewrite the manifest, save a checkpoint with torch).
+JOB = """
+import sys
+from pathlib import Path
+from vllm_sparrow.durable import append_jsonl, atomic_torch_save, atomic_write_json
+d = Path(sys.argv[1])
+for i in range(6):
+    append_jsonl(d / "rows.jsonl", {"i": i, "pad": "x" * 500})
+    atomic_write_json(d / "manifest.json", {"rows": i + 1, "pad": list(range(300 * (i + 1)))})
+    atomic_torch_save(d / "checkpoint.pt", {"step": i + 1, "pad": list(range(2000))})
+"""
+
+
+@pytest.mark.parametrize("kill_at", [1, 2, 3, 5, 9, 13, 17])
+def test_a_kill_at_any_write_of_a_job_leaves_every_file_whole_or_its_predecessor(tmp_path, kill_at):
+    """Write n of the job is torn: round (n - 1) // 3, kind (n - 1) % 3 (row, manifest, checkpoint)."""
+    import torch
+
+    done = _killed(JOB, str(tmp_path), kill_at=str(kill_at))
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    rnd, kind = divmod(kill_at - 1, 3)
+    rows = read_jsonl(tmp_path / "rows.jsonl")  # every surviving line parses
+    assert [r["i"] for r in rows] == list(range(rnd + (kind > 0)))
+    manifest = tmp_path / "manifest.json"
+    expect_manifest = rnd + (kind > 1)
+    assert (json.loads(manifest.read_text())["rows"] if manifest.exists() else 0) == expect_manifest
+    ckpt = tmp_path / "checkpoint.pt"
+    assert (torch.load(ckpt)["step"] if ckpt.exists() else 0) == rnd
+    torn = {1: [".manifest.json.tmp"], 2: [".checkpoint.pt.tmp"]}.get(kind, [])
+    assert sorted(p.name for p in tmp_path.glob(".*.tmp")) == torn  # at most the torn write's temp file
+
+
+def test_file_and_folder_are_fsynced_around_the_rename(tmp_path, monkeypatch):
+    """The bytes reach the disk before the name points at them, and the rename reaches it before
+    the write returns; an appended row is fsynced before append_jsonl returns."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst):
+        events.append(("replace", str(src), str(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(durable.os, "fsync", fsync)
+    monkeypatch.setattr(durable.os, "replace", replace)
+    path = tmp_path / "manifest.json"
+    atomic_write_json(path, {"a": 1})
+    tmp = str(tmp_path / ".manifest.json.tmp")
+    assert events == [("fsync", tmp), ("replace", tmp, str(path)), ("fsync", str(tmp_path))]
+    events.clear()
+    durable.atomic_torch_save(tmp_path / "c.pt", {"x": 1})
+    assert [e[0] for e in events] == ["fsync", "replace", "fsync"] and events[-1] == ("fsync", str(tmp_path))
+    events.clear()
+    append_jsonl(tmp_path / "rows.jsonl", {"id": 1})
+    assert events == [("fsync", str(tmp_path / "rows.jsonl"))]
+
+
+FULL_DISK = """
+import json, resource, signal, sys
+from vllm_sparrow.durable import DurableWriteError, append_jsonl, atomic_write_json
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[3]), resource.RLIM_INFINITY))
+try:
+    if sys.argv[1] == "atomic":
+        atomic_write_json(sys.argv[2], {"rows": list(range(100000))})
+    else:
+        append_jsonl(sys.argv[2], {"id": "big", "caption": "x" * 100000})
+except DurableWriteError as e:
+    print(e.strerror)
+    sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("kind", ["atomic", "append"])
+def test_a_full_disk_keeps_the_previous_file_and_says_what_to_do(tmp_path, kind):
+    path = tmp_path / ("manifest.json" if kind == "atomic" else "rows.jsonl")
+    if kind == "atomic":
+        atomic_write_json(path, {"rows": [1, 2, 3]})
+    else:
+        append_jsonl(path, {"id": "a"})
+        append_jsonl(path, {"id": "b"})
+    before = path.read_bytes()
+    limit = len(before) + 4096  # room for a little more, not for the new contents
+    run = subprocess.run([sys.executable, "-c", FULL_DISK, kind, str(path), str(limit)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 3, (run.returncode, run.stdout, run.stderr[-2000:])
+    assert str(path) in run.stdout and "Free disk space" in run.stdout and "rerun" in run.stdout
+    assert path.read_bytes() == before  # the old file whole, no torn row
+    assert not list(tmp_path.glob(".*.tmp"))  # nothing half-written left behind
+    assert resource.getrlimit(resource.RLIMIT_FSIZE)[0] == resource.RLIM_INFINITY  # (the child's alone)
+
+
+def test_the_cli_reports_a_full_disk_as_an_error_message(tmp_path):
+    """`sparrow init-draft` into a folder it cannot fill: one line naming the file, exit 1, no
+    traceback."""
+    from sparrow_world.tiny_targets import build_tiny_target
+
+    target = build_tiny_target("llama", tmp_path / "target")
+    code = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (2048, resource.RLIM_INFINITY)); "
+            "from vllm_sparrow.cli import main; sys.exit(main(sys.argv[1:]))")
+    run = subprocess.run([sys.executable, "-c", code, "init-draft", "--target", str(target),
+                          "--out", str(tmp_path / "draft")], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr and "Free disk space" in run.stderr, run.stderr[-2000:]
+    assert "model.safetensors" in run.stderr
+
+
 def test_the_kill_hook_counts_only_matching_files(tmp_path):
     code = ("import sys; from pathlib import Path; from vllm_sparrow.durable import atomic_write_text; "
             "d = Path(sys.argv[1]); [atomic_write_text(d / f'{n}-{i}.txt', 'x') for i in range(3) for n in ('log', 'shard')]")
@@ -55,3 +173,4 @@ def test_a_bad_line_that_is_not_a_torn_tail_is_reported_by_number(tmp_path):
     path.write_text('{"id": 1}\n{oops\n')
     with pytest.raises(ValueError, match="line 2: not JSON"):
         read_jsonl(path)
+

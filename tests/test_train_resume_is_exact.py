@@ -1,13 +1,15 @@
 """`sparrow train` is seeded and resumable: a run killed with SIGKILL in the middle of saving a
-checkpoint resumes from the previous one and ends with exactly the weights of an uninterrupted
-run; a resume with other settings is refused; export writes the plugin draft from the
-checkpoint."""
+checkpoint, or of writing a log row, or at random moments of the training loop, resumes from
+the last whole checkpoint and ends with exactly the weights of an uninterrupted run; a resume
+with other settings is refused; export writes the plugin draft from the checkpoint."""
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import asdict
 
 import pytest
@@ -25,36 +27,87 @@ def _weights(run):
     return torch.load(run / "checkpoint.pt", weights_only=False)["draft"]
 
 
+TRAIN = ("import json, sys; from vllm_sparrow.training.train import TrainConfig, train; "
+         "train(TrainConfig(**json.loads(sys.argv[1])), progress=False)")
+
+
 def _train_killed(cfg, kill_at: str) -> subprocess.CompletedProcess:
-    code = ("import json, sys; from vllm_sparrow.training.train import TrainConfig, train; "
-            "train(TrainConfig(**json.loads(sys.argv[1])), progress=False)")
     env = {**os.environ, "SPARROW_KILL_AT_WRITE": kill_at}
-    return subprocess.run([sys.executable, "-c", code, json.dumps(asdict(cfg))], env=env,
+    return subprocess.run([sys.executable, "-c", TRAIN, json.dumps(asdict(cfg))], env=env,
                           capture_output=True, text=True, timeout=600)
 
 
-def test_run_killed_while_saving_resumes_and_equals_an_uninterrupted_one(small_capture, workdir):
-    straight, resumed = workdir / "run-straight", workdir / "run-resumed"
-    train(_cfg(small_capture, straight, 9), progress=False)
+@pytest.fixture(scope="module")
+def straight(small_capture, workdir):
+    """Uninterrupted runs of 9 and 30 steps, the references of the killed ones."""
+    runs = {n: workdir / f"run-straight-{n}" for n in (9, 30)}
+    for n, out in runs.items():
+        train(_cfg(small_capture, out, n), progress=False)
+    return runs
+
+
+def _assert_same_weights(run_a, run_b):
+    a, b = _weights(run_a), _weights(run_b)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_run_killed_while_saving_resumes_and_equals_an_uninterrupted_one(small_capture, workdir, straight):
+    resumed = workdir / "run-resumed"
     killed = _train_killed(_cfg(small_capture, resumed, 9), "2:checkpoint")  # half of the step-6 save
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert torch.load(resumed / "checkpoint.pt", weights_only=False)["step"] == 3  # the old one, whole
     train(_cfg(small_capture, resumed, 9), progress=False)
     logged = [json.loads(x) for x in (resumed / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged if "loss" in r] == [3, 6, 9], "resumed at 3; rows past it redone once"
-    a, b = _weights(straight), _weights(resumed)
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
+    _assert_same_weights(straight[9], resumed)
     with pytest.raises(ValueError, match="mtp_steps"):
         train(TrainConfig(**{**vars(_cfg(small_capture, resumed, 12)), "mtp_steps": 2}), progress=False)
 
 
-def test_export_writes_a_loadable_plugin_draft(small_capture, workdir):
+def test_kills_at_several_points_of_one_run_resume_to_the_uninterrupted_weights(small_capture, workdir, straight):
+    """Killed in the first checkpoint save (nothing saved yet: the rerun starts afresh and drops
+    the first attempt's log row), then in the log row of step 6 (the third write to the log: that
+    drop, row 3, row 6), then run to the end."""
+    run = workdir / "run-killed-twice"
+    first = _train_killed(_cfg(small_capture, run, 9), "1:checkpoint")
+    assert first.returncode == -signal.SIGKILL and not (run / "checkpoint.pt").exists(), first.stderr[-2000:]
+    second = _train_killed(_cfg(small_capture, run, 9), "3:log")
+    assert second.returncode == -signal.SIGKILL, second.stderr[-2000:]
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["step"] == 3
+    train(_cfg(small_capture, run, 9), progress=False)
+    logged = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines()]  # every line parses
+    assert [r["step"] for r in logged if "loss" in r] == [3, 6, 9]
+    _assert_same_weights(straight[9], run)
+
+
+def test_kills_at_random_moments_of_the_loop_resume_to_the_uninterrupted_weights(small_capture, workdir, straight):
+    """Real SIGKILLs at random moments once the loop is writing (after its n-th log row, n and
+    the delay drawn at random), three times, then run to the end."""
+    run, rnd = workdir / "run-killed-at-random", random.Random(11)
+    log = run / "log.jsonl"
+    for _ in range(3):
+        proc = subprocess.Popen([sys.executable, "-c", TRAIN, json.dumps(asdict(_cfg(small_capture, run, 30)))],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rows, deadline = rnd.randrange(1, 6), time.time() + 300
+        while proc.poll() is None and time.time() < deadline and \
+                (not log.exists() or log.read_bytes().count(b"\n") < rows):
+            time.sleep(0.005)
+        time.sleep(rnd.uniform(0, 0.05))
+        proc.kill()
+        proc.wait()
+    train(_cfg(small_capture, run, 30), progress=False)
+    logged = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [r["step"] for r in logged if "loss" in r] == list(range(3, 31, 3))
+    _assert_same_weights(straight[30], run)
+
+
+def test_export_writes_a_loadable_plugin_draft(small_capture, workdir, straight):
     from vllm_sparrow.checkpoint import load_draft
     from vllm_sparrow.training.export import export_run
 
-    run = workdir / "run-straight"
+    run = straight[9]
     out = export_run(run, workdir / "exported")
     draft = load_draft(out)
     for key, value in _weights(run).items():

@@ -152,8 +152,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .durable import DurableWriteError
+
     args = build_parser().parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except DurableWriteError as e:  # a full disk: say so and how to go on, not a traceback
+        print(f"sparrow {args.cmd}: {e.strerror}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

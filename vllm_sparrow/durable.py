@@ -8,6 +8,9 @@ Every artifact a long job produces goes through here:
   fsyncs; `read_jsonl` treats a last line without its newline as torn (a write cut short),
   truncates it from the file and leaves its item to be redone. A bad line that did end in a
   newline is not a torn write: it is reported with its line number.
+A write that fails (a full disk, a quota, a file-size limit) raises `DurableWriteError`, which
+names the file and says what to do; the previous file, or the JSONL as it was before the row,
+is left as it was.
 
 Test hook: SPARROW_KILL_AT_WRITE=N kills the process with SIGKILL half way through its N-th
 durable write (half the bytes written), so tests can tear a write at a known point;
@@ -18,11 +21,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from pathlib import Path
 from typing import Any, Callable
 
 _writes = 0  # durable writes counted by the kill hook in this process
+
+
+class DurableWriteError(OSError):
+    """A durable write failed (disk full, quota, file-size limit, ...); nothing was lost: the
+    previous file (or the JSONL without the new row) is still there. Raised from the OSError."""
+
+    def __init__(self, path: Path, cause: OSError, kept: str) -> None:
+        super().__init__(cause.errno, f"could not write {path}: {cause.strerror or cause}. {kept} "
+                         "Free disk space (or raise the quota / file-size limit) and rerun the same "
+                         "command: it resumes from what was written.")
+        self.path = path
 
 
 def _dies_here(path: Path) -> bool:
@@ -39,13 +54,20 @@ def _dies_here(path: Path) -> bool:
 
 
 def _write_or_die(path: Path, f, data: bytes) -> None:
-    """f.write(data); the hook's fatal write puts half of it on disk first, then dies."""
+    """All of data to f (a raw or buffered binary file); the hook's fatal write puts half of it
+    on disk first, then dies."""
     if _dies_here(path):
-        f.write(data[: len(data) // 2])
+        _write_all(f, data[: len(data) // 2])
         f.flush()
         os.fsync(f.fileno())
         os.kill(os.getpid(), signal.SIGKILL)
-    f.write(data)
+    _write_all(f, data)
+
+
+def _write_all(f, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # a raw file may take part of it (a limit reached): the next write raises
+        view = view[f.write(view) :]
 
 
 def _die_with_half_file(path: Path, tmp: Path) -> None:
@@ -53,6 +75,21 @@ def _die_with_half_file(path: Path, tmp: Path) -> None:
     if _dies_here(path):
         os.truncate(tmp, tmp.stat().st_size // 2)
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The operating system's error behind a failed save: e itself, one it was raised from or
+    during, or the "(os error N)" a Rust library (safetensors) puts in its message."""
+    seen = e
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    found = re.search(r"os error (\d+)", str(e))
+    if found:
+        code = int(found.group(1))
+        return OSError(code, os.strerror(code))
+    return None
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -73,12 +110,16 @@ def atomic_save(path: str | Path, save: Callable[[Path], None]) -> Path:
     try:
         save(tmp)
         with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        cause = None if isinstance(e, DurableWriteError) else _os_error(e)
+        if cause is not None:
+            kept = f"The previous {path.name} is unchanged." if path.exists() else f"No {path.name} was written."
+            raise DurableWriteError(path, cause, kept) from e
         raise
-    _fsync_dir(path.parent)
+    _fsync_dir(path.parent)  # the rename itself survives a power loss
     return path
 
 
@@ -103,7 +144,8 @@ def atomic_torch_save(path: str | Path, obj: Any) -> Path:
     import torch
 
     def save(tmp: Path) -> None:
-        torch.save(obj, tmp)
+        with open(tmp, "wb") as f:  # a file object: a failed write keeps its OSError as the context
+            torch.save(obj, f)
         _die_with_half_file(Path(path), tmp)
 
     return atomic_save(path, save)
@@ -124,10 +166,22 @@ def append_jsonl(path: str | Path, row: Any) -> None:
     path = Path(path)
     repair_tail(path)
     data = (json.dumps(row, default=str) + "\n").encode()
-    with open(path, "ab") as f:
-        _write_or_die(path, f, data)
-        f.flush()
-        os.fsync(f.fileno())
+    with open(path, "ab", buffering=0) as f:  # unbuffered: nothing left to flush after a failure
+        size = os.fstat(f.fileno()).st_size
+        try:
+            _write_or_die(path, f, data)
+            os.fsync(f.fileno())
+        except OSError as e:  # a part of the row may be on disk: cut it off again
+            _truncate_quietly(f.fileno(), size)
+            raise DurableWriteError(path, e, f"{path.name} keeps its earlier rows.") from e
+
+
+def _truncate_quietly(fd: int, size: int) -> None:
+    try:
+        os.ftruncate(fd, size)
+        os.fsync(fd)
+    except OSError:  # the next read cuts a torn tail anyway
+        pass
 
 
 def repair_tail(path: Path) -> bool:

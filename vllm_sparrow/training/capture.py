@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ..cli_args import knob
+from ..durable import DurableWriteError
 from ..fingerprint import weights_fingerprint
 from .data import BadSample, Sample, load_media, read_samples
 from .shards import ShardWriter, check_data_file, open_manifest
@@ -113,6 +114,8 @@ def _capture_one(target, sample: Sample, cfg: CaptureConfig, writer: ShardWriter
     the target) skips it with its reason; the run goes on and a rerun does not retry it."""
     try:
         return _capture_sample(target, sample, cfg, writer)
+    except DurableWriteError:  # the disk, not the sample: stop (a rerun resumes)
+        raise
     except Exception as e:  # noqa: BLE001 - one sample never stops a capture
         log.debug("sample %d failed", sample.index, exc_info=True)
         return BadSample(sample.index, "target error", f"{type(e).__name__}: {e}")

@@ -199,7 +199,8 @@ def _build(cfg: TrainConfig, target_dir: str, out: Path, rank: int, world: int):
 
 def _resume(out: Path, draft, bridge, opt) -> dict:
     path = out / "checkpoint.pt"
-    if not path.is_file():
+    if not path.is_file():  # a fresh start, perhaps after a run killed before its first save
+        _trim_log(out / "log.jsonl", 0)
         return {}
     ckpt = torch.load(path, weights_only=False, map_location="cpu")  # resumable on another device
     draft.load_state_dict(ckpt["draft"])

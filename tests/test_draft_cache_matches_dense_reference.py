@@ -4,7 +4,9 @@ Drives SparrowDrafter through chunked prefill (chunks that split visual runs), d
 with random acceptance (rejected rows present, as in vLLM's padded batches), restarts after
 preemption, and batches that mix requests in every phase; at every step compares each drafting
 request's draft logits with a from-scratch dense reference over its text stream (visual
-positions removed, anchor + window mask) computed by the training model.
+positions removed, the window rule written out in tests/dense_reference.py) computed by the
+training model, and checks that the ring holds the keys and values of exactly the entries a
+later query can read (the anchors and the last W), as the training model computes them.
 """
 
 import random
@@ -16,7 +18,7 @@ from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
 from vllm_sparrow.model import SparrowDraftModel
-from vllm_sparrow.window import WindowSpec
+from dense_reference import dense_draft_logits
 
 H, V, VIS, K = 64, 50, 7, 3  # hidden, vocab, visual placeholder id, draft depth
 
@@ -44,28 +46,30 @@ def _model(anchors, window):
     return m.eval()
 
 
-def _dense_logits(model, io, spec, stream, next_token, k):
-    """stream: [(token, hidden)] of text positions so far; returns k logits rows."""
-    hs = [h for _, h in stream]
+def _dense_logits(model, io, stream, next_token, drafts):
+    """stream: [(token, hidden)] of text positions so far; the chain's logits, teacher-forced by
+    the drafter's own drafts."""
+    hidden = torch.stack([h for _, h in stream])
+    return dense_draft_logits(model, io, hidden, [t for t, _ in stream[1:]] + [next_token], drafts)
+
+
+def _check_ring_holds_what_later_queries_read(drafter, model, io, rid, stream, next_token):
+    """The slot's rows hold the K/V of entries [0, A) and [c - W, c) (c committed entries): what any
+    query at index >= c reads. Reference K/V: the training model's, from each entry's inputs."""
+    cfg, cache = model.cfg, drafter.cache
     toks = [t for t, _ in stream[1:]] + [next_token]
-    out = []
-    for _ in range(k):
-        n = len(hs)
-        pos = torch.arange(n)
-
-        def attend(q, kk, vv):
-            g = q.shape[1] // kk.shape[1]
-            return torch.nn.functional.scaled_dot_product_attention(
-                q.transpose(0, 1), kk.repeat_interleave(g, 1).transpose(0, 1),
-                vv.repeat_interleave(g, 1).transpose(0, 1), attn_mask=spec.mask(pos, pos)).transpose(0, 1)
-
-        with torch.no_grad():
-            y = model(torch.stack(hs), io.embed(torch.tensor(toks)), pos, attend)
-        logits = io.logits(y[-1:])
-        out.append(logits[0])
-        hs.append(y[-1])
-        toks.append(int(logits.argmax()))
-    return torch.stack(out)
+    c = len(stream)
+    live = list(range(min(cfg.anchor_tokens, c)))
+    live += range(max(cfg.anchor_tokens, c - (cfg.window_tokens or c)), c)
+    with torch.no_grad():
+        x = model.fc(torch.cat([model.embed_norm(io.embed(torch.tensor(toks))),
+                                model.hidden_norm(torch.stack([h for _, h in stream]))], -1))  # [c, H]
+        k_ref, v_ref = model.key_values(x, torch.arange(c))  # [c, kv_heads, D]
+    slot, A, R = drafter.slot_of[rid], cfg.anchor_tokens, cache.ring
+    for i in live:
+        row = i if i < A else A + (i - A) % R
+        assert torch.allclose(cache.k[slot, :, row], k_ref[i], atol=1e-4), f"request {rid}: key of entry {i}"
+        assert torch.allclose(cache.v[slot, :, row], v_ref[i], atol=1e-4), f"request {rid}: value of entry {i}"
 
 
 class _Request:
@@ -117,7 +121,7 @@ def _count_paths(drafter):
     return counts
 
 
-def _run_steps(drafter, model, io, spec, reqs, steps, rnd, chunk_choices):
+def _run_steps(drafter, model, io, reqs, steps, rnd, chunk_choices):
     active = list(reqs)
     for _ in range(steps):
         batch_reqs = rnd.sample(active, rnd.randrange(1, len(active) + 1))
@@ -146,9 +150,10 @@ def _run_steps(drafter, model, io, spec, reqs, steps, rnd, chunk_choices):
             if mids[b]:
                 assert ids[b].eq(0).all()
                 continue
-            ref = _dense_logits(model, io, spec, r.stream, r.next, K)
             got = torch.stack([s[b] for s in seen])
+            ref = _dense_logits(model, io, r.stream, r.next, ids[b].tolist())
             assert torch.allclose(got, ref, atol=1e-4), f"request {r.rid}"
+            _check_ring_holds_what_later_queries_read(drafter, model, io, r.rid, r.stream, r.next)
             r.drafts = ids[b].tolist()
 
 
@@ -160,12 +165,11 @@ def _prompt(rnd, n_vis):
 def test_incremental_drafts_equal_dense_recomputation(anchors, window):
     rnd = random.Random(anchors * 10 + (window or 0))
     model, io = _model(anchors, window), _IO()
-    spec = WindowSpec(anchors, window)
     drafter = SparrowDrafter(model, io, (VIS,), TorchWindowAttention(), torch.device("cpu"), torch.float32,
                              max_requests=2, max_draft_tokens=K, max_text_tokens=256)
     paths = _count_paths(drafter)
     req = _Request("r", _prompt(rnd, 9), rnd)
-    _run_steps(drafter, model, io, spec, [req], 18, rnd, [4, 5, 8])
+    _run_steps(drafter, model, io, [req], 18, rnd, [4, 5, 8])
     assert paths["decode"] >= 5 and paths["general"] >= 2, paths
     text_len = len(req.stream)
     assert drafter.stats()["text_entries"]["r"] == text_len  # each state paired with its next token
@@ -174,7 +178,7 @@ def test_incremental_drafts_equal_dense_recomputation(anchors, window):
     assert drafter.stats()["slots_in_use"] == 0
     again = _Request("r", req.seq, rnd)
     again.hidden = req.hidden
-    _run_steps(drafter, model, io, spec, [again], 3, rnd, [len(req.seq)])
+    _run_steps(drafter, model, io, [again], 3, rnd, [len(req.seq)])
     assert len(again.stream) >= text_len
 
 
@@ -182,17 +186,16 @@ def test_incremental_drafts_equal_dense_recomputation(anchors, window):
 def test_batches_mixing_prefill_decode_and_restarts_equal_dense_recomputation(anchors, window):
     rnd = random.Random(7)
     model, io = _model(anchors, window), _IO()
-    spec = WindowSpec(anchors, window)
     drafter = SparrowDrafter(model, io, (VIS,), TorchWindowAttention(), torch.device("cpu"), torch.float32,
                              max_requests=6, max_draft_tokens=K, max_text_tokens=512)
     paths = _count_paths(drafter)
     nbytes = drafter.cache.nbytes
     reqs = [_Request(f"r{i}", _prompt(rnd, rnd.randrange(0, 30)), rnd) for i in range(6)]
-    _run_steps(drafter, model, io, spec, reqs, 30, rnd, [1, 3, 4, 16])
+    _run_steps(drafter, model, io, reqs, 30, rnd, [1, 3, 4, 16])
     # a request that left (finished or preempted) frees its slot for a new one
     drafter.release(["r0", "r3"])
     newcomers = [_Request(f"n{i}", _prompt(rnd, 12), rnd) for i in range(2)]
-    _run_steps(drafter, model, io, spec, [r for r in reqs if r.rid not in ("r0", "r3")] + newcomers, 20, rnd,
+    _run_steps(drafter, model, io, [r for r in reqs if r.rid not in ("r0", "r3")] + newcomers, 20, rnd,
                [2, 4, 40])
     assert drafter.cache.nbytes == nbytes  # allocated once, never grown
     assert paths["decode"] >= 5 and paths["general"] >= 5, paths  # both commit paths were checked

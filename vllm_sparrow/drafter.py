@@ -39,8 +39,30 @@ Sampler = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
 COMMITTED, SEEN, HAS_PENDING = 0, 1, 2  # columns of SparrowDrafter.state
 
 
+GREEDY_TEMPERATURE = 1e-5  # vLLM's threshold: a request at a lower temperature is greedy
+
+
 def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, None]:
     return logits.argmax(dim=-1), None
+
+
+def sampled(temperature: torch.Tensor, generator: torch.Generator) -> Sampler:
+    """Draws row b's draft token from q_b = softmax(logits_b / T_b) and returns q: the
+    distribution vLLM's rejection sampler must be told the token came from. temperature: [>= B]
+    per request; a greedy request (T_b below GREEDY_TEMPERATURE) drafts its argmax, q one-hot."""
+
+    def sample(logits: torch.Tensor):  # [B, vocab]
+        temp = temperature[: logits.shape[0]].float()  # [B]
+        is_greedy = temp < GREEDY_TEMPERATURE
+        probs = (logits.float() / torch.where(is_greedy, 1.0, temp)[:, None]).softmax(-1)  # [B, vocab]
+        # Exponential race (argmax of q / E, E ~ Exp(1)) draws from q without torch.multinomial's
+        # host-side checks.
+        race = probs / torch.empty_like(probs).exponential_(generator=generator)
+        ids = torch.where(is_greedy, probs.argmax(-1), race.argmax(-1))  # [B]
+        one_hot = torch.nn.functional.one_hot(ids, probs.shape[-1]).to(probs.dtype)
+        return ids, torch.where(is_greedy[:, None], one_hot, probs)
+
+    return sample
 
 
 @dataclass

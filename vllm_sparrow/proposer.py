@@ -20,7 +20,7 @@ from .attention import select_backend
 from .checkpoint import load_draft
 from .draft_graphs import DecodeGraphs, default_buckets
 from .draft_vocab import SubsetLogits, load_vocab
-from .drafter import Sampler, SparrowDrafter, StepBatch, greedy
+from .drafter import Sampler, SparrowDrafter, StepBatch, greedy, sampled
 from .model import OwnTokenIO
 from .targets import target_spec
 from .tree_search import tree_spec
@@ -29,7 +29,6 @@ from .window import TextWindowCache, WindowSpec
 from vllm.logger import init_logger
 
 logger = init_logger("vllm_sparrow")
-_SAMPLING_EPS = 1e-5  # vLLM's greedy threshold on temperature
 
 
 class _TargetTokenIO:
@@ -217,18 +216,7 @@ class SparrowProposer(EagleProposer):
     def _sampler(self, md) -> Sampler:
         if not self._enable_probabilistic_draft_probs or md.all_greedy:
             return greedy
-        gen = self.draft_generator
-
-        def sample(logits: torch.Tensor):  # [B, vocab]
-            temp = md.temperature[: logits.shape[0]].float()  # [B]
-            is_greedy = temp < _SAMPLING_EPS
-            probs = (logits.float() / torch.where(is_greedy, 1.0, temp)[:, None]).softmax(-1)
-            # Exponential race (argmax of p / E, E ~ Exp(1)) draws from probs without
-            # torch.multinomial's host-side checks.
-            race = probs / torch.empty_like(probs).exponential_(generator=gen)
-            return torch.where(is_greedy, probs.argmax(-1), race.argmax(-1)), probs
-
-        return sample
+        return sampled(md.temperature, self.draft_generator)
 
 
 def _plain_target_head(target_model, tp: int):

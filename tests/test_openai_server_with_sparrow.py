@@ -244,11 +244,14 @@ def test_prometheus_spec_decode_counters_move(server):
 
 
 def test_per_request_spec_decode_metrics_are_reported(server):
-    reply = _ask(server, TRAINED_TEXTS[1])
+    """The per-request counters agree with the reply: each verify step yields its accepted drafts
+    plus one token, the prefill one more, and the last step may overshoot max_tokens by up to K
+    tokens that are dropped."""
+    reply = _ask(server, TRAINED_TEXTS[1], extra_body={"ignore_eos": True})
     spec = (reply.model_extra.get("metrics") or {}).get("speculative_decoding")
     assert spec["num_spec_tokens"] == 3 and spec["num_spec_steps"] > 0
-    assert spec["num_draft_tokens"] == 3 * spec["num_spec_steps"]
-    assert spec["mean_acceptance_length"] == pytest.approx(
-        1 + spec["num_accepted_draft_tokens"] / spec["num_spec_steps"])
+    produced = reply.usage.completion_tokens
+    upper = 1 + spec["num_spec_steps"] + spec["num_accepted_draft_tokens"]
+    assert produced == MAX_TOKENS and upper - 3 <= produced <= upper, (produced, spec)
     # a prompt the test draft was distilled on: most drafts are accepted
     assert spec["num_accepted_draft_tokens"] > spec["num_spec_steps"]

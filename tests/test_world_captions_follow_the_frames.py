@@ -114,9 +114,10 @@ def test_clip_sizes_span_half_k_to_25k_visual_tokens(target_dirs, tmp_path):
 def test_a_scene_encodes_to_the_same_file_every_time(tmp_path):
     """Benchmark clips are written anew in every run: the same scene must give the same bytes,
     or the target's captions (and every method's numbers) move between runs. Writing a clip
-    twice in one process used to give different files."""
+    again in one process used to give different files."""
     from sparrow_world.world import WorldConfig, sample_scene, write_scene
 
     scene = sample_scene(30_000_001, WorldConfig(duration_s=8))
-    files = [write_scene(scene, tmp_path / f"clip{i}.mp4").read_bytes() for i in range(3)]
-    assert files[0] == files[1] == files[2]
+    # x264's macroblock tree made another file now and then (1 write in 3 to 1 in 20): 20 writes
+    files = {write_scene(scene, tmp_path / "clip.mp4").read_bytes() for _ in range(20)}
+    assert len(files) == 1

@@ -110,11 +110,12 @@ def write_frames(path: str | Path, frames: Iterable[np.ndarray], fps: float) -> 
     with av.open(str(path), mode="w") as container:
         stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        # crf 10: near-lossless, so decoded frames stay close to the drawn ones. Explicit pts and
-        # one encoder thread make the file a function of the frames: without them, writing the
-        # same frames twice in one process gave different files (decoded pixels up to 12 levels
-        # apart), so the benchmark's clips, and the target's captions of them, varied between runs.
-        stream.options = {"crf": "10", "preset": "veryfast", "threads": "1"}
+        # crf 10: near-lossless, so decoded frames stay close to the drawn ones. The file must be a
+        # function of the frames, or the benchmark's clips (and the target's captions of them) vary
+        # between runs: explicit pts, one encoder thread, and no macroblock-tree rate control
+        # (x264's mbtree gave another file for the same frames now and then within one process,
+        # decoded pixels up to 12 levels apart; seen in 1 of 3 to 1 of 20 writes, none without it).
+        stream.options = {"crf": "10", "preset": "veryfast", "threads": "1", "x264-params": "mbtree=0"}
         for i, rgb in enumerate(itertools.chain([first], frames)):
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
             frame.pts = i

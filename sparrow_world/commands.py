@@ -84,8 +84,9 @@ def add_bench(sub) -> None:
 
     b = sub.add_parser("bench", help="acceptance and speedup against visual length, per method")
     add_options(b, BenchConfig)
-    b.add_argument("--ablation", action="append", default=[], metavar="NAME=DRAFT_DIR[@K]",
-                   help="an extra Sparrow draft to run as method NAME, at depth K if given (repeatable)")
+    b.add_argument("--ablation", action="append", default=[], metavar="NAME=DRAFT_DIR[@K][,FIELD=VALUE...]",
+                   help="an extra Sparrow draft to run as method NAME, at depth K if given, with fields of its "
+                        "config.json set (e.g. ,tree_topk=3) (repeatable)")
     b.add_argument("--with-ablations", action="store_true",
                    help="add every draft in <sparrow>/../ablations (no-mtp, no-ivsb, no-window)")
     b.add_argument("--quick", action="store_true", help="smoke size: 2 short lengths, 1 clip each")

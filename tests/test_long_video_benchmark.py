@@ -39,16 +39,33 @@ def test_every_method_reproduces_the_no_speculation_captions(quick_bench):
 
 
 def test_draft_cache_holds_text_only_for_sparrow_and_every_token_for_eagle(quick_bench):
+    """Both measured, then held to what each cache must hold. Sparrow: one ring per request of
+    the same size at every length, with room for the A anchors, the W window and the K - 1
+    chained entries, and no more than one step's worth besides. EAGLE (vLLM's draft KV): the
+    blocks vLLM's scheduler held for the request hold every one of its tokens, visual ones
+    included, with less than a block (plus the K lookahead slots) to spare."""
     cfg, records = quick_bench
     short, long = cfg.lengths[0], cfg.lengths[-1]
     draft = json.loads((Path(cfg.sparrow) / "config.json").read_text())
     layer = draft["transformer_layer_config"]
-    rows = draft["anchor_tokens"] + draft["window_tokens"] + cfg.num_speculative_tokens  # A + W + K
-    ring_bytes = 2 * layer["num_key_value_heads"] * rows * layer["head_dim"] * 4  # K and V, float32
-    for n in (short, long):  # one fixed ring per request, whatever the video length
-        assert records[("sparrow", n, 1)]["draft_cache_bytes"] == ring_bytes
-    eg_short, eg_long = records[("eagle", short, 1)], records[("eagle", long, 1)]
-    assert eg_long["draft_cache_bytes"] > 2 * eg_short["draft_cache_bytes"]  # grows with the video
+    row = 2 * layer["num_key_value_heads"] * layer["head_dim"] * 4  # K and V of one entry, float32
+    need = draft["anchor_tokens"] + draft["window_tokens"] + cfg.num_speculative_tokens - 1
+    sizes = {records[("sparrow", n, 1)]["draft_cache_bytes"] for n in (short, long)}
+    assert len(sizes) == 1, sizes  # one fixed ring per request, whatever the video length
+    assert need * row <= sizes.pop() <= (need + cfg.num_speculative_tokens + 1) * row
+    eagle = json.loads((Path(cfg.eagle) / "config.json").read_text())
+    per_token = 2 * eagle.get("num_key_value_heads", eagle["num_attention_heads"]) * (
+        eagle.get("head_dim") or eagle["hidden_size"] // eagle["num_attention_heads"]) * 4
+    for n in (short, long):
+        r = records[("eagle", n, 1)]
+        block_tokens = r["draft_kv_bytes_per_block"] / per_token  # vLLM's block size
+        assert block_tokens == int(block_tokens) and block_tokens >= 1, r["draft_kv_bytes_per_block"]
+        for prompt, out, blocks in zip(r["prompt_tokens"], r["output_token_ids"], r["kv_blocks"]):
+            tokens = prompt + len(out)
+            assert tokens - 1 <= blocks * block_tokens < tokens + block_tokens + cfg.num_speculative_tokens + 1
+        # the published column is that measurement: blocks held times bytes per block
+        assert r["draft_cache_bytes"] == r["draft_kv_bytes_per_block"] * sum(r["kv_blocks"]) / len(r["kv_blocks"])
+    assert records[("eagle", long, 1)]["draft_cache_bytes"] > 2 * records[("eagle", short, 1)]["draft_cache_bytes"]
 
 
 def test_results_json_table_and_plot_are_written(quick_bench):
@@ -64,7 +81,28 @@ def test_results_json_table_and_plot_are_written(quick_bench):
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_rerun_with_the_same_settings_reuses_finished_records(quick_bench):
+def test_a_run_killed_while_writing_a_record_measures_only_what_is_missing(tmp_path):
+    """SIGKILL half way through the second record: the rerun keeps the first and measures the
+    second length only."""
+    import os
+    import signal
+
+    models = Path(__file__).resolve().parents[1] / "models" / "world"
+    cmd = [sys.executable, "-m", "vllm_sparrow.cli", "bench", "--out", str(tmp_path / "b"), "--methods", "none",
+           "--lengths", "512,1536", "--clips", "1", "--max-tokens", "16", "--target", str(models / "target")]
+    env = {**os.environ, "SPARROW_KILL_AT_WRITE": "2:records"}
+    killed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert (tmp_path / "b" / "records.jsonl").read_bytes().count(b"\n") == 1  # one whole record, one torn
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    measured = [line for line in done.stdout.splitlines() if line.startswith("[bench ")]
+    assert len(measured) == 1 and "@   1536 visual tokens" in measured[0], measured
+    rows = [json.loads(x) for x in (tmp_path / "b" / "records.jsonl").read_text().splitlines()]
+    assert [r["visual_tokens"] for r in rows] == [512, 1536]
+
+
+def test_rerun_of_a_finished_run_only_rewrites_the_reports(quick_bench):
     cfg, records = quick_bench
     # a finished run: the CLI only rewrites the reports (no engine is started)
     done = subprocess.run([sys.executable, "-m", "vllm_sparrow.cli", "bench", "--quick", "--out", cfg.out,
@@ -84,3 +122,25 @@ def test_an_ablation_can_carry_its_own_depth():
     assert speculative_config("k8", cfg)["num_speculative_tokens"] == 8
     assert speculative_config("k8", cfg)["model"] == "models/world/sparrow"
     assert speculative_config("same", cfg) == {"method": "sparrow", "model": "runs/a@b", "num_speculative_tokens": 3}
+
+
+def test_an_ablation_can_set_fields_of_the_drafts_config(tmp_path):
+    """--ablation NAME=DIR@K,FIELD=VALUE serves a copy of the draft with those fields set (the
+    documented tree-search and adaptive-length runs need no hand-made draft folder)."""
+    import pytest
+
+    from sparrow_world.bench.config import BenchConfig
+    from sparrow_world.bench.engines import speculative_config
+    from vllm_sparrow.config import SparrowConfig
+
+    cfg = BenchConfig(out=str(tmp_path), ablations={"tree3": "models/world/sparrow@4,tree_topk=3,stop_confidence=0.7",
+                                                     "bad": "models/world/sparrow,nonsense=1"})
+    spec = speculative_config("tree3", cfg)
+    assert spec["num_speculative_tokens"] == 4 and spec["model"] == str(tmp_path / "drafts" / "tree3")
+    variant, original = SparrowConfig.load(spec["model"]), SparrowConfig.load("models/world/sparrow")
+    assert (variant.tree_topk, variant.stop_confidence) == (3, 0.7)
+    assert variant.replace(tree_topk=None, stop_confidence=None) == original
+    assert (tmp_path / "drafts" / "tree3" / "model.safetensors").resolve() == \
+        (Path("models/world/sparrow") / "model.safetensors").resolve()
+    with pytest.raises(ValueError, match="FIELD=VALUE"):
+        speculative_config("bad", cfg)

@@ -1,19 +1,21 @@
 """One in-process vLLM engine per method, and what the benchmark reads out of it.
 
 Draft time is timed around the runner's `drafter.propose` (every method's proposer is called
-there); draft cache bytes come from the Sparrow drafter's own accounting, and for the EAGLE
-baseline from its config (vLLM keeps a draft K/V entry for every token, visual ones included).
+there). Draft cache bytes are measured, not derived: Sparrow's are the bytes of its drafter's
+ring tensors per request slot; EAGLE's are the KV blocks vLLM's scheduler holds for a request at
+its peak (read from the block pool at every schedule) times the bytes per block of the draft
+model's attention layers (read from the KV tensors vLLM bound to them).
 """
 
 from __future__ import annotations
 
 import gc
-import json
-import math
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from .config import BenchConfig
 
@@ -31,16 +33,48 @@ def speculative_config(method: str, cfg: BenchConfig) -> dict | None:
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
     if method in cfg.ablations:
-        draft, k = ablation_draft(cfg.ablations[method], k)
+        draft, k = ablation_draft(method, cfg.ablations[method], k, cfg.out)
         return {"method": "sparrow", "model": draft, "num_speculative_tokens": k}
     raise ValueError(f"unknown method {method!r}; expected none, sparrow, eagle, eagle3, ngram or an ablation name")
 
 
-def ablation_draft(value: str, k: int) -> tuple[str, int]:
-    """An ablation's draft directory and depth: "DIR" (the run's K) or "DIR@K" (its own K, to
-    compare depths in one run)."""
-    draft, _, depth = value.rpartition("@")
-    return (draft, int(depth)) if draft and depth.isdigit() else (value, k)
+def ablation_draft(name: str, value: str, k: int, out: str) -> tuple[str, int]:
+    """An ablation's draft directory and depth from "DIR[@K][,FIELD=VALUE...]": DIR at the run's K,
+    or at its own K to compare depths in one run; FIELD=VALUE pairs set fields of the draft's
+    config.json (",tree_topk=3", ",stop_confidence=0.7"), served from a copy of the draft written
+    to <out>/drafts/NAME (the weights linked, not copied)."""
+    head, *pairs = value.split(",")
+    draft, _, depth = head.rpartition("@")
+    draft, k = (draft, int(depth)) if draft and depth.isdigit() else (head, k)
+    if not pairs:
+        return draft, k
+    return str(_draft_variant(Path(draft), Path(out) / "drafts" / name, pairs)), k
+
+
+def _draft_variant(draft: Path, dest: Path, pairs: list[str]) -> Path:
+    import dataclasses
+    import json
+
+    from vllm_sparrow.config import SparrowConfig
+
+    fields = {f.name for f in dataclasses.fields(SparrowConfig)}
+    changes = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or key not in fields:
+            raise ValueError(f"ablation override {pair!r}: use FIELD=VALUE with a field of the draft's "
+                             f"config ({', '.join(sorted(fields))})")
+        try:
+            changes[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            changes[key] = raw
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in draft.iterdir():  # weights (and a reduced vocabulary) shared with the original
+        link = dest / f.name
+        if f.name != "config.json" and not link.exists():
+            link.symlink_to(f.resolve())
+    SparrowConfig.load(draft).replace(**changes).save(dest)
+    return dest
 
 
 def open_engine(method: str, cfg: BenchConfig, max_visual_tokens: int, max_num_seqs: int = 4):
@@ -94,14 +128,43 @@ def draft_timer(llm) -> dict:
     return llm.collective_rpc(_read_draft_timer)[0]
 
 
-def eagle_cache_bytes(eagle_dir: str, tokens: int, block_size: int = 16) -> int:
-    """Bytes of draft K/V vLLM holds for one request of `tokens` tokens (whole blocks)."""
-    cfg = json.loads((Path(eagle_dir) / "config.json").read_text())
-    heads = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    elem = {"float32": 4, "float16": 2, "bfloat16": 2}.get(str(cfg.get("torch_dtype", cfg.get("dtype", "float32"))), 4)
-    layers = cfg.get("num_hidden_layers", 1)
-    return math.ceil(tokens / block_size) * block_size * layers * 2 * heads * head_dim * elem
+def _draft_kv_bytes_per_block(worker) -> int:
+    """Bytes one KV block takes in the draft model's attention layers (0 for a drafter that keeps
+    no vLLM KV cache, as Sparrow and ngram)."""
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    runner = worker.model_runner
+    model = getattr(getattr(runner, "drafter", None), "model", None)
+    if not isinstance(model, torch.nn.Module):
+        return 0
+    layers = [m for m in model.modules() if isinstance(m, AttentionLayerBase)]
+    caches = [m.kv_cache[0] if isinstance(m.kv_cache, (list, tuple)) else m.kv_cache for m in layers]
+    return sum(c.numel() * c.element_size() for c in caches) // runner.kv_cache_config.num_blocks
+
+
+def draft_kv_bytes_per_block(llm) -> int:
+    return llm.collective_rpc(_draft_kv_bytes_per_block)[0]
+
+
+class BlockMeter:
+    """The most KV blocks vLLM's scheduler held at once since `reset()` (read from its block pool
+    after every schedule; in-process engines only)."""
+
+    def __init__(self, llm) -> None:
+        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+        self.pool = scheduler.kv_cache_manager.block_pool
+        self.peak = 0
+        inner = scheduler.schedule
+
+        def schedule(*args, **kwargs):
+            out = inner(*args, **kwargs)
+            self.peak = max(self.peak, self.pool.num_gpu_blocks - 1 - self.pool.get_num_free_blocks())
+            return out
+
+        scheduler.schedule = schedule
+
+    def reset(self) -> None:
+        self.peak = 0
 
 
 def generate_one(llm, request: dict, max_tokens: int) -> dict[str, Any]:

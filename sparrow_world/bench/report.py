@@ -32,8 +32,8 @@ def table(records: list[dict]) -> str:
 
 
 def write_reports(out: Path, records: list[dict], cfg: BenchConfig, env: dict) -> None:
-    slim = [{k: v for k, v in r.items() if k != "output_token_ids"} for r in records]
-    atomic_write_json(out / "results.json", {"environment": env, "settings": cfg.settings(), "records": slim})
+    atomic_write_json(out / "results.json", {"environment": env, "settings": cfg.settings(), "records": records},
+                      indent=None)
     where = env["gpu"] or f"CPU only ({env['cpu_count']} cores, {env['cpu']})"
     batched = [b for b in cfg.batch_sizes if b > 1]
     together = (f"; batch sizes {', '.join(map(str, batched))}: that many clips submitted together "

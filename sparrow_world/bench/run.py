@@ -19,7 +19,7 @@ from pathlib import Path
 from vllm_sparrow.durable import append_jsonl, atomic_write_text, read_jsonl
 from .clips import Clip, eval_clips
 from .config import BenchConfig
-from .engines import close_engine, draft_timer, eagle_cache_bytes, generate_one, open_engine
+from .engines import BlockMeter, close_engine, draft_kv_bytes_per_block, draft_timer, generate_one, open_engine
 
 
 def run_bench(cfg: BenchConfig) -> list[dict]:
@@ -43,14 +43,15 @@ def run_bench(cfg: BenchConfig) -> list[dict]:
             continue
         t0 = time.perf_counter()
         llm = open_engine(method, cfg, max(cfg.lengths), max_num_seqs=max(4, *cfg.batch_sizes))
+        meter = BlockMeter(llm)
         print(f"[bench] {method}: engine up in {time.perf_counter() - t0:.0f}s", flush=True)
         try:
             generate_one(llm, _request(prompt, clips[min(cfg.lengths)][0]), 16)  # warm-up, not measured
             for n, b in todo:
                 if b == 1:
-                    rec = measure(llm, method, n, clips[n][: cfg.clips_per_length], prompt, tok, cfg)
+                    rec = measure(llm, meter, method, n, clips[n][: cfg.clips_per_length], prompt, tok, cfg)
                 else:
-                    rec = measure_batch(llm, method, n, clips[n][:b], prompt, tok, cfg)
+                    rec = measure_batch(llm, meter, method, n, clips[n][:b], prompt, tok, cfg)
                 done[(method, n, b)] = rec
                 append_jsonl(out / "records.jsonl", rec)  # durable: a kill loses at most this cell
                 print(f"[bench {len(done)}/{total}] {_line(rec)}", flush=True)
@@ -62,10 +63,14 @@ def run_bench(cfg: BenchConfig) -> list[dict]:
     return records
 
 
-def measure(llm, method: str, tokens: int, clips: list[Clip], prompt: str, tok, cfg: BenchConfig) -> dict:
+def measure(llm, meter: BlockMeter, method: str, tokens: int, clips: list[Clip], prompt: str, tok,
+            cfg: BenchConfig) -> dict:
     """Batch size 1: the clips captioned one after another."""
     before, timer0 = _counters(llm, method)
-    outs = [generate_one(llm, _request(prompt, c), cfg.max_tokens) for c in clips]
+    outs = []
+    for c in clips:
+        meter.reset()
+        outs.append({**generate_one(llm, _request(prompt, c), cfg.max_tokens), "kv_blocks": meter.peak})
     rec = {"method": method, "visual_tokens": tokens, "batch": 1, "clips": len(clips),
            "prompt_tokens": [o["prompt_tokens"] for o in outs],
            "output_token_ids": [o["token_ids"] for o in outs],
@@ -76,20 +81,23 @@ def measure(llm, method: str, tokens: int, clips: list[Clip], prompt: str, tok, 
     return _finish(rec, llm, method, before, timer0, outs, [c.truth for c in clips], tok, cfg)
 
 
-def measure_batch(llm, method: str, tokens: int, clips: list[Clip], prompt: str, tok, cfg: BenchConfig) -> dict:
+def measure_batch(llm, meter: BlockMeter, method: str, tokens: int, clips: list[Clip], prompt: str, tok,
+                  cfg: BenchConfig) -> dict:
     """Batch size B = len(clips): the clips submitted together and prefilled in one step (the
     engine's token budget allows it); aggregate decode throughput = decode tokens of all requests
     / (last token time - latest first-token time)."""
     from vllm import SamplingParams
 
     before, timer0 = _counters(llm, method)
+    meter.reset()
     t0 = time.perf_counter()
     results = llm.generate([_request(prompt, c) for c in clips], SamplingParams(temperature=0.0, max_tokens=cfg.max_tokens),
                            use_tqdm=False)
     wall = time.perf_counter() - t0
     first = max(r.metrics.first_token_ts for r in results)
     last = max(r.metrics.last_token_ts for r in results)
-    outs = [{"token_ids": list(r.outputs[0].token_ids), "prompt_tokens": len(r.prompt_token_ids)} for r in results]
+    outs = [{"token_ids": list(r.outputs[0].token_ids), "prompt_tokens": len(r.prompt_token_ids),
+             "kv_blocks": meter.peak / len(results)} for r in results]  # the batch's peak, per request
     rec = {"method": method, "visual_tokens": tokens, "batch": len(clips), "clips": len(clips),
            "prompt_tokens": [o["prompt_tokens"] for o in outs], "output_token_ids": [o["token_ids"] for o in outs],
            "e2e_s": wall, "ttft_s": sum(r.metrics.first_token_latency for r in results) / len(results),
@@ -114,14 +122,17 @@ def _finish(rec: dict, llm, method: str, before, timer0, outs: list[dict], truth
         after, timer1 = spec_counters(llm), draft_timer(llm)
         drafts = after["num_drafts"] - before["num_drafts"]
         accepted = after["num_accepted_tokens"] - before["num_accepted_tokens"]
+        draft_tokens = after["num_draft_tokens"] - before["num_draft_tokens"]
         per_pos = [a - b for a, b in zip(after["per_pos"], before["per_pos"] or [0] * len(after["per_pos"]))]
         calls = timer1["calls"] - timer0["calls"]
-        rec.update(drafts=drafts, accepted=accepted,
+        rec.update(drafts=drafts, accepted=accepted, draft_tokens=draft_tokens,
                    acceptance_length=1 + accepted / drafts if drafts else None,
                    acceptance_length_no_bonus=accepted / drafts if drafts else None,
                    per_position=[p / drafts for p in per_pos] if drafts else None,
                    draft_ms_per_step=1000 * (timer1["seconds"] - timer0["seconds"]) / calls if calls else None)
-    rec["draft_cache_bytes"] = _cache_bytes(llm, method, outs, cfg)
+    rec["kv_blocks"] = [o["kv_blocks"] for o in outs]  # vLLM's KV blocks per request at its peak
+    rec["draft_kv_bytes_per_block"] = draft_kv_bytes_per_block(llm)  # in vLLM's draft layers (EAGLE)
+    rec["draft_cache_bytes"] = _cache_bytes(llm, method, rec, cfg)
     return rec
 
 
@@ -182,15 +193,14 @@ def _request(prompt: str, clip: Clip) -> dict:
     return {"prompt": prompt, "multi_modal_data": {"video": decode_video(clip.path)}}
 
 
-def _cache_bytes(llm, method: str, outs: list[dict], cfg: BenchConfig) -> float:
+def _cache_bytes(llm, method: str, rec: dict, cfg: BenchConfig) -> float:
+    """Draft cache bytes per request, measured: Sparrow's ring tensors per slot; vLLM's draft KV
+    (EAGLE, EAGLE-3) as the request's peak KV blocks times the draft layers' bytes per block."""
     if method == "sparrow" or method in cfg.ablations:
         from vllm_sparrow.engine_stats import drafter_stats
 
         return float(drafter_stats(llm)["bytes_per_slot"])  # a request's fixed ring, whatever its length
-    if method in ("eagle", "eagle3"):  # vLLM keeps the draft layer's K/V for every token
-        path = cfg.eagle if method == "eagle" else cfg.eagle3
-        return sum(eagle_cache_bytes(path, o["prompt_tokens"] + len(o["token_ids"])) for o in outs) / len(outs)
-    return 0.0
+    return rec["draft_kv_bytes_per_block"] * sum(rec["kv_blocks"]) / len(rec["kv_blocks"])
 
 
 def _load_records(path: Path, cfg: BenchConfig) -> dict:

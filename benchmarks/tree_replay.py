@@ -7,8 +7,9 @@ Captures held-out benchmark scenes (the bench's clips, seeds no draft trained on
 target at each visual length (resumable), then replays, at every verify point of each response,
 the shipped Sparrow draft's greedy chains of depth 1..8, its EAGLE-2-style search's best chain,
 and trees of N of the search's best nodes verified as tree attention would
-(vllm_sparrow/training/tree_replay.py). Writes <out>/tree_replay.md and prints it: mean
-acceptance length (1 + accepted per verify step) at equal numbers of verified tokens.
+(vllm_sparrow/training/tree_replay.py). Writes <out>/results.json (one record per length) and
+<out>/tree_replay.md, and prints the table: mean acceptance length (1 + accepted per verify
+step) at equal numbers of verified tokens.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from sparrow_world.bench.clips import eval_clips
     from sparrow_world.bench.config import BenchConfig
+    from sparrow_world.bench.run import environment
     from vllm_sparrow.checkpoint import load_draft
-    from vllm_sparrow.durable import atomic_write_text
+    from vllm_sparrow.durable import atomic_write_json, atomic_write_text
     from vllm_sparrow.training.capture import CaptureConfig, capture
     from vllm_sparrow.training.shards import ShardReader
     from vllm_sparrow.training.target_runner import HFTarget
@@ -45,6 +47,7 @@ def main(argv=None) -> int:
     nodes = (2, 4, 8, 16, 32)
     rows = ["| visual tokens | verify points | " + " | ".join(f"chain {d}" for d in (2, 4, 8)) + " | search 4 | "
             + " | ".join(f"tree {n}" for n in nodes) + " |", "|---|" + "---|" * (5 + len(nodes))]
+    records = []
     for n in lengths:
         data = out / f"data-{n}.jsonl"
         atomic_write_text(data, "".join(json.dumps({"video": str(c.path.resolve()), "prompt": bench.prompt}) + "\n"
@@ -55,7 +58,12 @@ def main(argv=None) -> int:
         rows.append(f"| {n} | {r.points} | " + " | ".join(f"{r.tau('chain', d):.2f}" for d in (2, 4, 8))
                     + f" | {r.tau('search', 4):.2f} | " + " | ".join(f"{r.tau('tree', k):.2f}" for k in nodes) + " |")
         print(rows[-1], flush=True)
+        records.append({"visual_tokens": n, "verify_points": r.points,
+                        "chain": {d: r.tau("chain", d) for d in range(1, 9)},
+                        "search": {d: r.tau("search", d) for d in range(1, 9)},
+                        "tree": {k: r.tau("tree", k) for k in nodes}})
     text = "\n".join(rows) + "\n"
+    atomic_write_json(out / "results.json", {"environment": environment(), "settings": vars(args), "records": records})
     atomic_write_text(out / "tree_replay.md", text)
     print(text)
     return 0

@@ -8,7 +8,7 @@ import pytest
 from conftest import DEMO_MODELS
 
 # Measured on the quick bench's clip: word accuracy 0.82 / 0.82 and object recall 0.91 / 0.91 at
-# 512 / 1536 visual tokens (every length up to 25k: benchmarks/results/table.md); the previous
+# 512 / 1536 visual tokens (every length up to 25k: benchmarks/results/k3.md); the previous
 # target, which read only colours, had 0.58 / 0.74 and 0.64; a text-only guess names no object.
 WORD_ACCURACY, OBJECT_RECALL = 0.7, 0.75
 

@@ -1,9 +1,10 @@
 """The text-anchored window rule, pinned against masks written out by hand: a query at text
 index p reads key i when i <= p and (i < A or i > p - W): the A first text tokens and the last W
 (itself included). Checked on the training mask (WindowSpec.mask), on the kernels' reference
-arithmetic (key_visible), on the tests' own dense reference (tests/dense_reference.py), and through the serving attention paths themselves (the torch backend's
-commit and chained forwards, and the kernels' torch reference), over a ring that wraps, with
-padding rows; plus the ring's worked examples of window.py and window_attention_ref.py."""
+arithmetic (key_visible), on the tests' own dense reference (tests/dense_reference.py), and
+through the serving attention paths themselves (the torch backend's commit and chained
+forwards, and the kernels' torch reference), over a ring that wraps, with padding rows; plus
+the ring's worked examples of window.py and window_attention_ref.py."""
 
 import pytest
 import torch

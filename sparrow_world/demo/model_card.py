@@ -46,6 +46,11 @@ def target_accuracy(target: Path) -> dict:
     return evaluate(model, data, short, batch_size=8, long_samples=long)
 
 
+def _recommended_depth(models: Path) -> int:
+    return json.loads((models / "sparrow" / "config.json").read_text())["speculators_config"]["proposal_methods"][0][
+        "speculative_tokens"]
+
+
 def write_card(models: Path, work: Path, bench: Path | None) -> Path:
     build = json.loads((models / "build.json").read_text())
     log = read_jsonl(work / "target" / "train_log.jsonl")
@@ -112,7 +117,9 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
               f"({', '.join(f'{n} clips of {s} s' for s, n in cfg['draft_clips'].items())}); the target wrote every caption.",
               f"- Sparrow: IVSB (visual states on {1 - cfg['visual_drop']:.0%} of the samples) + MTP "
               f"({cfg['mtp_steps']} extra stages), text window {cfg['window_tokens']} + "
-              f"{cfg['anchor_tokens']} anchors, K={cfg['speculative_tokens']}, {cfg['draft_steps']} steps, lr {cfg['draft_lr']}.",
+              f"{cfg['anchor_tokens']} anchors, {cfg['draft_steps']} steps, lr {cfg['draft_lr']}; built and "
+              f"validated at K={cfg['speculative_tokens']}. Recommended depth K={_recommended_depth(models)} (its "
+              "config.json default; measured in docs/benchmarks.md, Depth).",
               "- EAGLE-style baseline: same data and steps, reads every position (visual ones too), served by vLLM's `eagle`.",
               "- EAGLE-3 baseline: same data and steps, fuses the target's auxiliary states of every position (vLLM's"
               " default layers), training-time test over its own outputs, served by vLLM's `eagle3`.",
@@ -126,7 +133,7 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
         lines += ["", "## Through vLLM, per visual length (`sparrow bench`)",
                   f"Measured {env['date']} on {env['gpu'] or 'CPU only (%s cores)' % env['cpu_count']}, vLLM "
                   f"{env['vllm']}, on held-out scenes: the table is published once, in "
-                  "`benchmarks/results/table.md` (summary in the repository's README)."]
+                  "`benchmarks/results/k3.md` (summary in the repository's README)."]
     path = models / "README.md"
     atomic_write_text(path, "\n".join(lines) + "\n")
     return path

@@ -1,0 +1,360 @@
+"""Every published benchmark number: its command, its JSON, and the tables made from it.
+
+    python benchmarks/publish.py run NAME [NAME ...]   # run NAME's command; keep its JSON; render
+    python benchmarks/publish.py render                 # rewrite every published table and plot from the JSONs
+    python benchmarks/publish.py check                  # exit 1 where a table differs from its JSON
+
+RUNS holds each published run's command (run from the repository root, about the minutes given
+on this repository's 2-core CPU); its results.json (records with the output token ids, the
+machine, versions and settings) is kept as benchmarks/results/NAME.json with the command added.
+A table in README.md or docs/ lives between `<!-- published: VIEW -->` and `<!-- /published -->`
+and is rewritten from the JSONs by VIEWS[VIEW]; benchmarks/results/NAME.md is NAME's whole
+table. tests/test_published_numbers_come_from_their_files.py runs `check`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the demo kit's report, when run as a script
+RESULTS = ROOT / "benchmarks" / "results"
+DRAFT = "models/world/sparrow"
+
+# name -> (command, minutes here). Each writes <its --out>/results.json.
+RUNS = {
+    "k3": ("sparrow bench --with-ablations --out runs/published/k3", 20),
+    "batch": ("sparrow bench --lengths 512,6144 --batch-sizes 1,4,16 --methods sparrow,eagle,eagle3 "
+              "--out runs/published/batch", 4),
+    "depth-b1": ("sparrow bench --lengths 512,6144,24960 --methods none --batch-sizes 1 "
+                 f"--ablation k3={DRAFT}@3 --ablation k8={DRAFT}@8 --ablation adaptive={DRAFT}@8,stop_confidence=0.7 "
+                 "--out runs/published/depth-b1", 8),
+    "depth-b16": ("sparrow bench --lengths 512,6144 --methods none --batch-sizes 16 "
+                  f"--ablation k3={DRAFT}@3 --ablation k8={DRAFT}@8 --ablation adaptive={DRAFT}@8,stop_confidence=0.7 "
+                  "--out runs/published/depth-b16", 6),
+    "k8-all": ("sparrow bench --lengths 512,6144,24960 --methods sparrow,eagle,eagle3 --k 8 "
+               "--out runs/published/k8-all", 8),
+    "tree-search": ("sparrow bench --lengths 512,6144 --methods sparrow --batch-sizes 1,4 --k 4 "
+                    f"--ablation tree3={DRAFT}@4,tree_topk=3 --out runs/published/tree-search", 4),
+    "tree-replay": ("python benchmarks/tree_replay.py --lengths 512,6144,17408 --clips 4 "
+                    "--out runs/published/tree-replay", 10),
+    "op-count": ("python benchmarks/op_count.py --out runs/published/op-count", 2),
+}
+LABEL = {"sparrow": "Sparrow", "eagle": "EAGLE-1-style", "eagle3": "EAGLE-3"}
+
+
+def load(name: str) -> dict:
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
+# ---- bench records ------------------------------------------------------------------
+def _cell(data: dict, method: str, n: int, b: int = 1) -> dict:
+    found = [r for r in data["records"] if (r["method"], r["visual_tokens"], r["batch"]) == (method, n, b)]
+    if len(found) != 1:
+        raise KeyError(f"{method} at {n} visual tokens, batch {b}: {len(found)} records")
+    return found[0]
+
+
+def speedup(data: dict, r: dict) -> float:
+    """Decode throughput over no speculation's, same length and batch, same run."""
+    return r["decode_tok_s"] / _cell(data, "none", r["visual_tokens"], r["batch"])["decode_tok_s"]
+
+
+def equal_outputs(data: dict, r: dict) -> bool:
+    """Token for token the outputs of no speculation, same clips, same run."""
+    return r["output_token_ids"] == _cell(data, "none", r["visual_tokens"], r["batch"])["output_token_ids"]
+
+
+def _lengths(data: dict) -> list[int]:
+    return sorted({r["visual_tokens"] for r in data["records"]})
+
+
+def _n(n: int) -> str:
+    return f"{n:,}"
+
+
+def _source(*names: str) -> str:
+    parts = []
+    for name in names:
+        env = load(name)["environment"]
+        where = env["gpu"] or f"CPU only, {env['cpu_count']} cores"
+        parts.append(f"`{load(name)['command']}` (`benchmarks/results/{name}.json`, {env['date']}, {where}, "
+                     f"vLLM {env['vllm']})")
+    return "Measured by " + "; ".join(parts) + "."
+
+
+def _files(*names: str) -> str:
+    """The short form of _source for README: the JSONs and when they were measured."""
+    return "(" + ", ".join(f"`benchmarks/results/{n}.json`, {load(n)['environment']['date'][:10]}" for n in names) + \
+        "; commands in docs/benchmarks.md)"
+
+
+def _equality(*names: str) -> str:
+    bad = [f"{r['method']} at {r['visual_tokens']}, batch {r['batch']}" for name in names for data in [load(name)]
+           for r in data["records"] if "output_token_ids" in r and r["method"] != "none" and not equal_outputs(data, r)]
+    return "Outputs equal no speculation's, token for token, in every cell." if not bad else \
+        f"OUTPUTS DIFFER from no speculation's: {', '.join(bad)}."
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                     + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+# ---- views --------------------------------------------------------------------------
+def readme_k3() -> str:
+    data = load("k3")
+    rows = []
+    for n in _lengths(data):
+        row = [_n(n)]
+        for m in ("sparrow", "eagle", "eagle3"):
+            r = _cell(data, m, n)
+            row.append(f"{r['acceptance_length']:.2f} / {r['draft_ms_per_step']:.2f} / {speedup(data, r):.2f}x")
+        rows.append(row)
+    header = ["visual tokens", "Sparrow", "EAGLE-1-style (vLLM `eagle`)", "EAGLE-3 (vLLM `eagle3`)"]
+    return _table(header, rows) + "\n\n" + _equality("k3") + " " + _files("k3")
+
+
+def readme_depth() -> str:
+    b1, k8 = load("depth-b1"), load("k8-all")
+    lengths = _lengths(b1)
+    acc = [_cell(b1, "k8", n)["acceptance_length"] for n in lengths]
+    sp = [speedup(b1, _cell(b1, "k8", n)) for n in lengths]
+    sp3 = [speedup(b1, _cell(b1, "k3", n)) for n in lengths]
+    first, last = lengths[0], lengths[-1]
+    base = {m: (speedup(k8, _cell(k8, m, first)), speedup(k8, _cell(k8, m, last)))
+            for m in ("sparrow", "eagle", "eagle3")}
+    return (f"At the shipped draft's recommended depth, K = 8, it accepts {min(acc):.2f}-{max(acc):.2f} tokens per step "
+            f"and decodes {min(sp):.2f}-{max(sp):.2f}x faster than no speculation at {_n(first)} to {_n(last)} visual "
+            f"tokens (K = 3: {min(sp3):.2f}-{max(sp3):.2f}x), batch 1; in another run at K = 8, decode speedup at "
+            f"{_n(first)} / {_n(last)} visual tokens: "
+            + ", ".join(f"{LABEL[m]} {a:.2f}x / {b:.2f}x" for m, (a, b) in base.items())
+            + f" {_files('depth-b1', 'k8-all')}.")
+
+
+def readme_cache() -> str:
+    data = load("k3")
+    first, last = _lengths(data)[0], _lengths(data)[-1]
+    s0, s1 = _cell(data, "sparrow", first)["acceptance_length"], _cell(data, "sparrow", last)["acceptance_length"]
+    ring = _cell(data, "sparrow", last)["draft_cache_bytes"] / 1024
+    e0, e1 = (_cell(data, "eagle", n)["draft_cache_bytes"] / 2**20 for n in (first, last))
+    return (f"Sparrow's acceptance moves {100 * (s1 - s0) / s0:+.1f}% from {_n(first)} to {_n(last)} visual tokens, and "
+            f"its draft cache is one fixed {ring:.1f} KiB ring per request at every length, while the KV vLLM keeps "
+            f"for EAGLE's draft grows from {e0:.2f} to {e1:.2f} MiB per request {_files('k3')}.")
+
+
+def readme_trees() -> str:
+    replay, search = load("tree-replay"), load("tree-search")
+    gap = max(abs(r["tree"][str(n)] - r["chain"][str(n)]) / r["chain"][str(n)]
+              for r in replay["records"] for n in (2, 4, 8))
+    cells = [(r, _cell(search, "sparrow", r["visual_tokens"], r["batch"]))
+             for r in search["records"] if r["method"] == "tree3"]
+    cost = [t["draft_ms_per_step"] / c["draft_ms_per_step"] for t, c in cells]
+    accept = max(abs(t["acceptance_length"] - c["acceptance_length"]) / c["acceptance_length"] for t, c in cells)
+    lengths = ", ".join(_n(r["visual_tokens"]) for r in replay["records"])
+    return (f"Tree verification would not pay on this draft: replayed on held-out clips, a tree of N nodes accepts "
+            f"what a chain of N tokens does (within {100 * gap:.1f}% for N = 2, 4, 8 at {lengths} visual tokens), "
+            f"and tree search in the serving drafter accepts what the chain does (within {100 * accept:.1f}%) at "
+            f"{min(cost):.1f}-{max(cost):.1f}x its draft time, so vLLM's chain verification is kept and tree search "
+            f"ships off {_files('tree-replay', 'tree-search')}.")
+
+
+def quality() -> str:
+    data = load("k3")
+    rows = [[_n(n), f"{r['caption_word_accuracy']:.3f}", f"{r['object_precision']:.2f}", f"{r['object_recall']:.2f}",
+             f"{r['caption_exact']:.2f}"] for n in _lengths(data) for r in [_cell(data, "none", n)]]
+    header = ["visual tokens", "caption word accuracy", "objects named: precision", "recall", "exact captions"]
+    return _table(header, rows) + "\n\n" + _source("k3")
+
+
+ABLATIONS = {"no-mtp": "MTP off", "no-ivsb": "IVSB off", "no-window": "text window off (every text token)",
+             "ivsb-all": "IVSB on every sample (paper)"}
+
+
+def ablations() -> str:
+    data = load("k3")
+    lengths = _lengths(data)
+    rows = [["Sparrow (shipped)"] + [f"{_cell(data, 'sparrow', n)['acceptance_length']:.2f}" for n in lengths]]
+    rows += [[label] + [f"{_cell(data, m, n)['acceptance_length']:.2f}" for n in lengths]
+             for m, label in ABLATIONS.items()]
+    return _table(["draft"] + [_n(n) for n in lengths], rows) + "\n\n" + _equality("k3") + " " + _source("k3")
+
+
+def ivsb_replay() -> str:
+    build = json.loads((ROOT / "models" / "world" / "build.json").read_text())
+    names = {"sparrow": "Sparrow (IVSB on half of the samples)", "ablation no-ivsb": "IVSB off",
+             "ablation ivsb-all": "IVSB on every sample", "eagle": "EAGLE-1-style", "eagle3": "EAGLE-3"}
+    rows = [[label, f"{build[key + '_heldout_replay']['mean_acceptance_length']:.2f}"] for key, label in names.items()]
+    return _table(["draft", "held-out replayed acceptance length, K = 3"], rows) + "\n\n" + \
+        "From `models/world/build.json`, written by `sparrow demo build --models models/world`."
+
+
+def batch() -> str:
+    data = load("batch")
+    rows = []
+    for n in _lengths(data):
+        for b in sorted({r["batch"] for r in data["records"]}):
+            cells = [_cell(data, m, n, b) for m in ("sparrow", "eagle", "eagle3")]
+            rows.append([_n(n), str(b)] + [f"{speedup(data, r):.2f} ({r['draft_ms_per_step']:.2f})" for r in cells])
+    return _table(["visual tokens", "batch", "Sparrow", "EAGLE-1-style", "EAGLE-3"], rows) + "\n\n" + \
+        _equality("batch") + " " + _source("batch")
+
+
+def depth() -> str:
+    rows = []
+    for name in ("depth-b1", "depth-b16"):
+        data = load(name)
+        for n in _lengths(data):
+            b = data["records"][0]["batch"]
+            cells = [_cell(data, m, n, b) for m in ("k3", "k8", "adaptive")]
+            rows.append([_n(n), str(b)] + [f"{speedup(data, r):.2f}x ({r['acceptance_length']:.2f})" for r in cells])
+    return _table(["visual tokens", "batch", "K = 3", "K = 8", "adaptive, K = 8"], rows) + "\n\n" + \
+        _equality("depth-b1", "depth-b16") + " " + _source("depth-b1", "depth-b16")
+
+
+def k8_all() -> str:
+    data = load("k8-all")
+    lengths = _lengths(data)
+    rows = [[LABEL[m]] + [f"{speedup(data, _cell(data, m, n)):.2f}x ({_cell(data, m, n)['acceptance_length']:.2f})"
+                          for n in lengths] for m in ("sparrow", "eagle", "eagle3")]
+    last = [f"{LABEL[m]} {_cell(data, m, lengths[1])['per_position'][-1]:.2f}" for m in ("sparrow", "eagle", "eagle3")]
+    return (_table(["method at K = 8"] + [_n(n) for n in lengths], rows) + "\n\n"
+            + f"Share of 8th draft tokens accepted at {_n(lengths[1])} visual tokens: {', '.join(last)}. "
+            + _equality("k8-all") + " " + _source("k8-all"))
+
+
+def adaptive() -> str:
+    data = load("depth-b1")
+    n = _lengths(data)[0]
+    k8, ad = _cell(data, "k8", n), _cell(data, "adaptive", n)
+    return (f"On the demo world at {_n(n)} visual tokens, with K = 8, `stop_confidence` 0.7 verified "
+            f"{ad['draft_tokens'] / ad['drafts']:.1f} draft tokens per step instead of "
+            f"{k8['draft_tokens'] / k8['drafts']:.1f}, {100 * ad['accepted'] / ad['draft_tokens']:.0f}% of them accepted "
+            f"instead of {100 * k8['accepted'] / k8['draft_tokens']:.0f}% (decode speedup {speedup(data, ad):.2f}x "
+            f"instead of {speedup(data, k8):.2f}x). {_source('depth-b1')}")
+
+
+def tree_replay() -> str:
+    data = load("tree-replay")
+    nodes = sorted(int(k) for k in data["records"][0]["tree"])
+    rows = [[_n(r["visual_tokens"]), str(r["verify_points"])] + [f"{r['chain'][str(d)]:.2f}" for d in (2, 4, 8)]
+            + [f"{r['search']['4']:.2f}"] + [f"{r['tree'][str(k)]:.2f}" for k in nodes] for r in data["records"]]
+    header = (["visual tokens", "verify points"] + [f"chain {d}" for d in (2, 4, 8)] + ["search 4"]
+              + [f"tree {k}" for k in nodes])
+    return _table(header, rows) + "\n\n" + _source("tree-replay")
+
+
+def tree_search() -> str:
+    data = load("tree-search")
+    rows = []
+    for n in _lengths(data):
+        for b in sorted({r["batch"] for r in data["records"]}):
+            cells = [_cell(data, m, n, b) for m in ("sparrow", "tree3")]
+            rows.append([_n(n), str(b)] + [f"{r['acceptance_length']:.2f} / {r['draft_ms_per_step']:.2f} / "
+                                           f"{speedup(data, r):.2f}x" for r in cells])
+    header = ["visual tokens", "batch", "chain: accept / draft ms / speedup", "tree search (top-3): same"]
+    return _table(header, rows) + "\n\n" + _equality("tree-search") + " " + _source("tree-search")
+
+
+def op_count() -> str:
+    data = load("op-count")
+    rows = [[r["method"], str(r["batch"]), str(r["decode_steps"]), f"{r['ops_per_step']:.0f}",
+             f"{r['host_reads_per_step']:.1f}"] for r in data["records"]]
+    return _table(["method", "batch", "decode steps", "aten ops per step", "host reads per step"], rows) + \
+        "\n\n" + _source("op-count")
+
+
+VIEWS = {"readme-k3": readme_k3, "readme-depth": readme_depth, "readme-cache": readme_cache,
+         "readme-trees": readme_trees, "quality": quality, "ablations": ablations, "ivsb-replay": ivsb_replay,
+         "batch": batch,
+         "depth": depth, "k8-all": k8_all, "adaptive": adaptive, "tree-replay": tree_replay,
+         "tree-search": tree_search, "op-count": op_count}
+
+
+def whole_file(name: str) -> str:
+    """benchmarks/results/NAME.md: the run's full table."""
+    if name in ("tree-replay", "op-count"):
+        return f"# {name}\n\n" + VIEWS[name]() + "\n"
+    from sparrow_world.bench.report import table
+
+    data = load(name)
+    return f"# {name}\n\n{_source(name)}\n\n" + table(data["records"])
+
+
+# A block: its opening line, what the view made (empty before the first render), its closing line.
+BLOCK = re.compile(r"(<!-- published: ([a-z0-9-]+) -->\n)((?:(?!<!-- published:).)*?)(<!-- /published -->)", re.S)
+
+
+def fill_blocks(text: str, views=None) -> str:
+    """text with every published block's content made anew by its view."""
+    views = VIEWS if views is None else views
+    return BLOCK.sub(lambda m: m.group(1) + views[m.group(2)]() + "\n" + m.group(4), text)
+
+
+def rendered_files() -> dict[Path, str]:
+    """Every file that holds published numbers, as the JSONs make it."""
+    files = {RESULTS / f"{name}.md": whole_file(name) for name in RUNS if (RESULTS / f"{name}.json").exists()}
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        files[path] = fill_blocks(path.read_text())
+    return files
+
+
+def render() -> None:
+    from vllm_sparrow.durable import atomic_write_text
+
+    for path, text in rendered_files().items():
+        if not path.exists() or path.read_text() != text:
+            atomic_write_text(path, text)
+            print(f"wrote {path.relative_to(ROOT)}")
+    if (RESULTS / "k3.json").exists():
+        from sparrow_world.bench.report import plot
+
+        data = load("k3")
+        plot(data["records"], RESULTS / "k3.png", data["environment"]["gpu"] or
+             f"CPU only ({data['environment']['cpu_count']} cores, {data['environment']['cpu']})")
+
+
+def check() -> list[str]:
+    """Files whose published numbers differ from what their JSONs make."""
+    return [str(p.relative_to(ROOT)) for p, text in rendered_files().items() if not p.exists() or p.read_text() != text]
+
+
+def run(name: str) -> None:
+    command, minutes = RUNS[name]
+    argv = shlex.split(command)
+    argv = ([sys.executable, "-m", "vllm_sparrow.cli"] + argv[1:] if argv[0] == "sparrow"
+            else [sys.executable] + argv[1:])
+    print(f"[publish] {name}: {command} (about {minutes} min here)", flush=True)
+    subprocess.run(argv, cwd=ROOT, check=True)
+    out = ROOT / argv[argv.index("--out") + 1]
+    data = json.loads((out / "results.json").read_text())
+    from vllm_sparrow.durable import atomic_write_text
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(RESULTS / f"{name}.json", json.dumps({"command": command, **data}) + "\n")
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["run"]:
+        for name in argv[1:]:
+            run(name)
+        render()
+        return 0
+    if argv == ["render"]:
+        render()
+        return 0
+    if argv == ["check"]:
+        stale = check()
+        print("\n".join(f"differs from its JSON: {p}" for p in stale) or "every published table matches its JSON")
+        return 1 if stale else 0
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,85 @@
+"""Every published benchmark number comes from a committed JSON made by a committed command:
+the tables in README.md, docs/ and benchmarks/results/ are exactly what benchmarks/publish.py
+makes from benchmarks/results/*.json; each JSON carries its registered command and every
+output's token ids, and its outputs equal no speculation's; the commands name drafts that exist;
+and no speedup, percentage or table of measured decimals stands in README or docs outside a
+published block."""
+
+import importlib.util
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def publish():
+    spec = importlib.util.spec_from_file_location("publish", ROOT / "benchmarks" / "publish.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_published_table_is_what_its_json_makes(publish):
+    assert publish.check() == [], "run `python benchmarks/publish.py render` (or rerun the result)"
+
+
+def test_blocks_are_filled_one_by_one_and_the_text_between_kept(publish):
+    text = "a\n<!-- published: x -->\n<!-- /published -->\nkept\n<!-- published: y -->\nold\n<!-- /published -->\nb\n"
+    filled = publish.fill_blocks(text, {"x": lambda: "X", "y": lambda: "Y"})
+    assert filled == ("a\n<!-- published: x -->\nX\n<!-- /published -->\nkept\n"
+                      "<!-- published: y -->\nY\n<!-- /published -->\nb\n")
+    assert publish.fill_blocks(filled, {"x": lambda: "X", "y": lambda: "Y"}) == filled
+
+
+def test_every_registered_run_has_its_json_with_its_command(publish):
+    for name, (command, _) in publish.RUNS.items():
+        data = publish.load(name)
+        assert data["command"] == command, name
+        assert data["environment"]["vllm"] and data["records"], name
+
+
+def test_published_outputs_carry_their_token_ids_and_equal_no_speculation(publish):
+    for name in publish.RUNS:
+        data = publish.load(name)
+        if "decode_tok_s" not in data["records"][0]:
+            continue  # not a `sparrow bench` run: the tree replay and op counts generate nothing
+        for r in data["records"]:
+            assert r["output_token_ids"] and all(r["output_token_ids"]), (name, r["method"])
+            assert publish.equal_outputs(data, r), (name, r["method"], r["visual_tokens"], r["batch"])
+            assert r["outputs_equal_no_spec"] == publish.equal_outputs(data, r)  # the bench's own flag agrees
+
+
+def test_the_commands_name_drafts_and_models_that_exist(publish):
+    for name, (command, _) in publish.RUNS.items():
+        paths = [w for word in shlex.split(command) for w in re.split(r"[=,]", word) if w.startswith("models/")]
+        for path in paths:
+            folder = ROOT / path.split("@")[0]
+            assert folder.is_dir(), f"{name}: {path} does not exist"
+
+
+def _outside_blocks(text: str) -> str:
+    return re.sub(r"<!-- published: [a-z0-9-]+ -->\n.*?<!-- /published -->", "", text, flags=re.S)
+
+
+@pytest.mark.parametrize("doc", ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))])
+def test_no_measured_number_stands_outside_a_published_block(doc):
+    path = ROOT / doc if doc == "README.md" else ROOT / "docs" / doc
+    text = _outside_blocks(path.read_text())
+    speedups = re.findall(r"\b\d+(?:\.\d+)?x\b(?! ?\d)", text)
+    percents = re.findall(r"\b\d+(?:\.\d+)?%", text)
+    tables = [line for line in text.splitlines() if line.startswith("|") and re.search(r"\b\d+\.\d+\b", line)]
+    assert not speedups and not percents and not tables, (speedups, percents, tables)
+
+
+def test_the_plot_is_drawn_from_the_published_json(publish, tmp_path):
+    from sparrow_world.bench.report import plot
+
+    data = json.loads((ROOT / "benchmarks" / "results" / "k3.json").read_text())
+    plot(data["records"], tmp_path / "k3.png", "test")
+    assert (tmp_path / "k3.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (ROOT / "benchmarks" / "results" / "k3.png").is_file()

@@ -89,8 +89,9 @@ def case(request, target_dirs, trained_drafts, clips):
     record_drafter_inputs(llm)
     outputs = llm.generate(reqs, GREEDY)
     visual = placeholder_ids(kind, AutoTokenizer.from_pretrained(str(target)))
+    # steps: a copy of the record, which goes on growing (the slot test's follow-up request)
     yield dict(kind=kind, target=target, draft=draft, reference=reference, outputs=outputs, llm=llm, tree=tree,
-               visual=visual, steps=drafter_inputs(llm), entries=text_entries_by_request(llm),
+               visual=visual, steps=list(drafter_inputs(llm)), entries=text_entries_by_request(llm),
                preemptions=int(sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")))
     close_llm(llm)
 

@@ -1,14 +1,18 @@
-"""Window attention over the paged text cache: Triton kernel vs torch SDPA vs the dense reference.
+"""Window attention over the draft's ring cache: the Triton kernels against their torch paths.
 
-    python benchmarks/bench_window_attention.py [--batch 1 8 32] [--text 512 4096] [--window 128 512]
+    python benchmarks/bench_window_attention.py [--batch 1 16 64] [--chunk 600 3000] [--quick] [--json F]
 
-Where xformers is installed (the GPU requirements), its memory-efficient attention with a local
-causal mask is timed too (no anchors in that mask: checked against the reference with A=0).
-
-One draft step per request (K+1 = 4 query rows at the end of a text run of length L), GQA 28/4
-heads of 128 (Qwen2.5-VL-7B shaped). Reports the median time per launch and the effective
-bandwidth (bytes of K/V actually read / time) against the device's peak when known. The Triton
-kernel needs a GPU: without one this says so and times only the CPU paths (not a speed claim).
+Two shapes of step, GQA 28/4 heads of 128 (a 7B draft), anchors 4, window 512, a ring that has
+wrapped (every request has a long text history):
+  decode   B requests x (K + 1) rows: ring_window_attention (Triton) vs its torch reference, and,
+           where xformers is installed (the GPU requirements), its memory-efficient attention
+           with a local causal mask over each request's gathered window (no anchors: a speed
+           reference only);
+  mixed    B decodes beside one prompt chunk of P rows: packed_window_attention (Triton) vs the
+           packed torch path vs the padded [B + 1, P] layout the drafter used before packing.
+Every timed path is first checked against the torch reference. Reports the median ms per call.
+Without a GPU the Triton kernels are not timed (the interpreter says nothing about speed) and the
+CPU numbers say nothing about GPU speed; `--quick` is the suite's smoke size.
 """
 
 from __future__ import annotations
@@ -17,74 +21,85 @@ import argparse
 import json
 import time
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
-PEAK_GBPS = {"H200": 4800, "H100": 3350, "A100": 2039, "L40S": 864, "A800": 2039, "L20": 864}
-
-
-def _inputs(batch, text, rows, heads, kv_heads, d, bs, dtype, dev):
-    g = torch.Generator(device="cpu").manual_seed(0)
-    blocks_per = (text + bs - 1) // bs
-    num_blocks = batch * blocks_per
-    k_cache = torch.randn(num_blocks, bs, kv_heads, d, generator=g).to(dtype).to(dev)
-    v_cache = torch.randn(num_blocks, bs, kv_heads, d, generator=g).to(dtype).to(dev)
-    tables = torch.randperm(num_blocks, generator=g).view(batch, blocks_per).int().to(dev)
-    row_req = torch.arange(batch).repeat_interleave(rows).int().to(dev)
-    row_pos = torch.arange(text - rows, text).repeat(batch).int().to(dev)
-    q = torch.randn(batch * rows, heads, d, generator=g).to(dtype).to(dev)
-    return q, k_cache, v_cache, tables, row_req, row_pos
+HEADS, KV_HEADS, D, A, W, K = 28, 4, 128, 4, 512, 3
 
 
-def _sdpa(q, k_cache, v_cache, tables, row_req, row_pos, anchors, window, scale):
-    """Gather each request's anchors + window, then one masked SDPA per request (torch path)."""
-    bs, kv = k_cache.shape[1], k_cache.shape[2]
-    rows = int((row_req == 0).sum())
-    out = torch.empty_like(q)
-    for r in range(tables.shape[0]):
-        pos = row_pos[r * rows : (r + 1) * rows].long()
-        lo = max(0, int(pos[0]) - window + 1)
-        idx = torch.cat([torch.arange(min(anchors, lo), device=q.device), torch.arange(lo, int(pos[-1]) + 1, device=q.device)])
-        slots = tables[r, idx // bs].long() * bs + idx % bs
-        k = k_cache.view(-1, kv, k_cache.shape[3])[slots].transpose(0, 1)  # [kv, L, D]
-        v = v_cache.view(-1, kv, v_cache.shape[3])[slots].transpose(0, 1)
-        mask = (idx[None, :] <= pos[:, None]) & ((idx[None, :] < anchors) | (idx[None, :] > pos[:, None] - window))
-        qs = q[r * rows : (r + 1) * rows].transpose(0, 1)  # [H, rows, D]
-        group = qs.shape[0] // kv
-        o = F.scaled_dot_product_attention(qs, k.repeat_interleave(group, 0), v.repeat_interleave(group, 0),
-                                           attn_mask=mask, scale=scale)
-        out[r * rows : (r + 1) * rows] = o.transpose(0, 1)
-    return out
+def _cache(slots: int, ring: int, dtype, dev, g):
+    shape = (slots + 1, KV_HEADS, A + ring, D)  # + the sink slot
+    return torch.randn(shape, generator=g).to(dtype).to(dev), torch.randn(shape, generator=g).to(dtype).to(dev)
 
 
-def _xformers_local(q, k_cache, v_cache, tables, row_req, row_pos, window, scale):
-    """xformers' memory-efficient attention with its bottom-right local causal mask: gather each
-    request's keys from the pages, then one launch for the batch. The mask has no anchors, so this
-    path is checked against the reference with anchors=0 (a GPU speed comparison, optional)."""
+def decode_inputs(batch: int, dtype, dev):
+    """q/k/v [B, K + 1, heads, D] at the end of a 4k-entry history per request."""
+    g = torch.Generator().manual_seed(0)
+    ring = W + K
+    kc, vc = _cache(batch, ring, dtype, dev, g)
+    L = K + 1
+    q = torch.randn(batch, L, HEADS, D, generator=g).to(dtype).to(dev)
+    k = torch.randn(batch, L, KV_HEADS, D, generator=g).to(dtype).to(dev)
+    v = torch.randn(batch, L, KV_HEADS, D, generator=g).to(dtype).to(dev)
+    cache_len = torch.full((batch,), 4096, device=dev)
+    pos = cache_len[:, None] + torch.arange(L, device=dev)
+    valid = torch.ones(batch, L, dtype=torch.bool, device=dev)
+    return q, k, v, kc, vc, torch.arange(batch, device=dev), pos, valid, cache_len, ring
+
+
+def mixed_inputs(batch: int, chunk: int, dtype, dev):
+    """Packed rows: B decodes of K + 1 rows, then a fresh prompt chunk of `chunk` rows."""
+    g = torch.Generator().manual_seed(1)
+    ring = W + K
+    kc, vc = _cache(batch + 1, ring, dtype, dev, g)
+    lens = [K + 1] * batch + [chunk]
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    N = int(cu[-1])
+    q = torch.randn(N, HEADS, D, generator=g).to(dtype).to(dev)
+    k = torch.randn(N, KV_HEADS, D, generator=g).to(dtype).to(dev)
+    v = torch.randn(N, KV_HEADS, D, generator=g).to(dtype).to(dev)
+    cache_len = torch.tensor([4096] * batch + [0], device=dev)
+    count = torch.tensor(lens, device=dev)
+    return q, k, v, kc, vc, torch.arange(batch + 1, device=dev), cu, cache_len, count, ring
+
+
+def padded(q, k, v, kc, vc, slots, cu, cache_len, count, ring):
+    """The pre-packing layout: every request padded to the longest chunk, [B + 1, P] rows."""
+    from vllm_sparrow_kernels.window_attention_ref import ring_window_attention_ref
+
+    lens = np.diff(cu)
+    L = int(lens.max())
+
+    def pad(x):
+        out = x.new_zeros(len(lens), L, *x.shape[1:])
+        for b in range(len(lens)):
+            out[b, : lens[b]] = x[cu[b] : cu[b + 1]]
+        return out
+
+    pos = cache_len[:, None] + torch.arange(L, device=q.device)
+    valid = torch.arange(L, device=q.device)[None, :] < count[:, None]
+    out = ring_window_attention_ref(pad(q), pad(k), pad(v), kc, vc, slots, pos, valid, cache_len, A, W, ring,
+                                    D ** -0.5)
+    return torch.cat([out[b, : lens[b]] for b in range(len(lens))])
+
+
+def xformers_local(q, k, v, kc, vc, slots, pos, valid, cache_len, ring):
+    """xformers' local causal attention over each request's last W - K - 1 cached keys and its own
+    rows, gathered in order (anchors left out: a speed reference, not the method)."""
     from xformers.ops import fmha
 
-    batch, rows = tables.shape[0], q.shape[0] // tables.shape[0]
-    bs, kv, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    last = int(row_pos[rows - 1]) + 1  # every request has the same text length in this benchmark
-    idx = torch.arange(max(0, last - rows - window + 1), last, device=q.device)  # keys any row can see
-    slots = tables[:, idx // bs].long() * bs + idx % bs  # [B, L]
-    group = q.shape[1] // kv
-    k = k_cache.view(-1, kv, d)[slots].repeat_interleave(group, dim=2)  # [B, L, H, D]
-    v = v_cache.view(-1, kv, d)[slots].repeat_interleave(group, dim=2)
-    bias = fmha.attn_bias.LowerTriangularFromBottomRightLocalAttentionMask(window)
-    out = fmha.memory_efficient_attention(q.view(batch, rows, *q.shape[1:]), k, v, attn_bias=bias, scale=scale)
-    return out.reshape(q.shape)
+    B, L = pos.shape
+    last = cache_len[:, None] - 1 - torch.arange(W - L, device=q.device).flip(0)  # [B, W - L] text indices
+    row = A + torch.remainder(last - A, ring)
+    kk = torch.cat([kc[slots[:, None], :, row], k], 1)  # [B, W, kv, D]
+    vv = torch.cat([vc[slots[:, None], :, row], v], 1)
+    group = HEADS // KV_HEADS
+    kk, vv = kk.repeat_interleave(group, 2), vv.repeat_interleave(group, 2)
+    bias = fmha.attn_bias.LowerTriangularFromBottomRightLocalAttentionMask(W)
+    return fmha.memory_efficient_attention(q, kk, vv, attn_bias=bias, scale=D ** -0.5)
 
 
-def _have_xformers() -> bool:
-    try:
-        import xformers.ops  # noqa: F401  (GPU install only: requirements-gpu.txt)
-    except Exception:
-        return False
-    return True
-
-
-def _time(fn, dev, reps):
+def _time(fn, dev, reps: int) -> float:
     fn()
     if dev.type == "cuda":
         torch.cuda.synchronize()
@@ -95,70 +110,86 @@ def _time(fn, dev, reps):
         if dev.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    return 1e3 * sorted(times)[len(times) // 2]
 
 
-def main() -> None:
+def _fresh(args):
+    """A copy of the inputs whose caches each timed call may write."""
+    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def bench_decode(batch: int, dtype, dev, reps: int, tol: float) -> dict:
+    from vllm_sparrow_kernels.window_attention_ref import ring_window_attention_ref
+
+    args = decode_inputs(batch, dtype, dev)
+    q, k, v, kc, vc, slots, pos, valid, cache_len, ring = args
+    ref = ring_window_attention_ref(*_fresh(args[:9]), A, W, ring, D ** -0.5)
+    row = {"step": "decode", "batch": batch, "rows": int(pos.numel())}
+    row["torch_ms"] = _time(lambda: ring_window_attention_ref(*_fresh(args[:9]), A, W, ring, D ** -0.5), dev, reps)
+    if dev.type == "cuda":
+        from vllm_sparrow_kernels.window_attention import ring_window_attention
+
+        out = ring_window_attention(*_fresh(args[:9]), A, W, ring, D ** -0.5)
+        torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+        row["triton_ms"] = _time(lambda: ring_window_attention(*_fresh(args[:9]), A, W, ring, D ** -0.5), dev, reps)
+        if _have_xformers():
+            row["xformers_local_ms"] = _time(lambda: xformers_local(*args), dev, reps)
+    return row
+
+
+def bench_mixed(batch: int, chunk: int, dtype, dev, reps: int, tol: float) -> dict:
+    from vllm_sparrow_kernels.packed_window_attention_ref import packed_window_attention_ref
+
+    args = mixed_inputs(batch, chunk, dtype, dev)
+    ring = args[-1]
+    call = lambda fn: fn(*_fresh(args[:9]), A, W, ring, D ** -0.5)  # noqa: E731
+    ref = call(packed_window_attention_ref)
+    torch.testing.assert_close(padded(*_fresh(args)).float(), ref.float(), atol=tol, rtol=tol)
+    row = {"step": "mixed", "batch": batch, "chunk": chunk, "rows": int(args[6][-1]),
+           "padded_rows": (batch + 1) * chunk}
+    row["torch_packed_ms"] = _time(lambda: call(packed_window_attention_ref), dev, reps)
+    row["torch_padded_ms"] = _time(lambda: padded(*_fresh(args)), dev, max(1, reps // 4))
+    if dev.type == "cuda":
+        from vllm_sparrow_kernels.packed_window_attention import packed_window_attention
+
+        torch.testing.assert_close(call(packed_window_attention).float(), ref.float(), atol=tol, rtol=tol)
+        row["triton_packed_ms"] = _time(lambda: call(packed_window_attention), dev, reps)
+    return row
+
+
+def _have_xformers() -> bool:
+    try:
+        import xformers.ops  # noqa: F401  (the GPU requirements only)
+    except Exception:  # noqa: BLE001 - absent or built for another torch: skip its reference
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
-    p.add_argument("--text", type=int, nargs="+", default=[512, 4096])
-    p.add_argument("--window", type=int, nargs="+", default=[128, 512])
-    p.add_argument("--anchors", type=int, default=4)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
+    p.add_argument("--chunk", type=int, nargs="+", default=[600, 3000])
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--quick", action="store_true", help="smoke size: batch 2, chunk 64, 1 rep")
     p.add_argument("--json", default=None, help="also write the rows to this file")
-    a = p.parse_args()
+    a = p.parse_args(argv)
+    if a.quick:
+        a.batch, a.chunk, a.reps = [2], [64], 1
     gpu = torch.cuda.is_available()
     dev = torch.device("cuda" if gpu else "cpu")
-    name = torch.cuda.get_device_name() if gpu else "CPU"
-    peak = next((v for k, v in PEAK_GBPS.items() if k in name), None)
-    print(f"device: {name}" + ("" if gpu else " -- no GPU here: the Triton kernel is not timed, and CPU "
-                                            "numbers say nothing about GPU speed"))
-    if gpu and not _have_xformers():
-        print("xformers not installed: its local-attention comparison is skipped (pip install xformers)")
     dtype = torch.bfloat16 if gpu else torch.float32
-    heads, kv_heads, d, bs, rows = 28, 4, 128, 16, 4
-    from vllm_sparrow_kernels.window_attention_ref import window_attention_ref
-
-    results = []
-    for batch in a.batch:
-        for text in a.text:
-            for window in a.window:
-                args = _inputs(batch, text, rows, heads, kv_heads, d, bs, dtype, dev)
-                keys_read = batch * (min(a.anchors, max(0, text - rows - window + 1)) + window + rows - 1)
-                nbytes = 2 * keys_read * kv_heads * d * args[1].element_size()
-                scale = d ** -0.5
-                row = {"device": name, "batch": batch, "text": text, "window": window}
-                paths = {"sdpa": lambda: _sdpa(*args, a.anchors, window, scale)}
-                if gpu:
-                    from vllm_sparrow_kernels.window_attention import window_attention
-
-                    paths["triton"] = lambda: window_attention(*args, a.anchors, window, scale)
-                if gpu and _have_xformers():
-                    paths["xformers_local"] = lambda: _xformers_local(*args, window, scale)
-                    ref0 = window_attention_ref(*args, 0, window, scale).float()  # its mask: no anchors
-                    try:
-                        torch.testing.assert_close(paths["xformers_local"]().float(), ref0, atol=3e-2, rtol=3e-2)
-                    except AssertionError as e:  # report, do not time a path that computes something else
-                        print(f"xformers_local differs from the reference (anchors=0), not timed: {e}")
-                        del paths["xformers_local"]
-                if batch * text <= 8192:  # the per-row dense reference is slow by design
-                    paths["dense_ref"] = lambda: window_attention_ref(*args, a.anchors, window, scale)
-                if "dense_ref" in paths:  # time only paths that compute the same thing
-                    ref = paths["dense_ref"]().float()
-                    for path in ("sdpa", "triton"):
-                        if path in paths:
-                            torch.testing.assert_close(paths[path]().float(), ref, atol=3e-2, rtol=3e-2)
-                for path, fn in paths.items():
-                    t = _time(fn, dev, a.reps if path != "dense_ref" else 3)
-                    row[f"{path}_ms"] = round(t * 1e3, 4)
-                    row[f"{path}_GBps"] = round(nbytes / t / 1e9, 2)
-                if peak:
-                    row["peak_GBps"] = peak
-                results.append(row)
-                print(json.dumps(row))
+    tol = 3e-2 if gpu else 1e-4
+    name = torch.cuda.get_device_name() if gpu else "CPU"
+    print(f"device: {name}" + ("" if gpu else " (no GPU: the Triton kernels are not timed; CPU numbers say "
+                                            "nothing about GPU speed)"))
+    rows = [bench_decode(b, dtype, dev, a.reps, tol) for b in a.batch]
+    rows += [bench_mixed(b, c, dtype, dev, a.reps, tol) for b in a.batch for c in a.chunk]
+    for r in rows:
+        print("  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump({"device": name, "dtype": str(dtype), "rows": rows}, f, indent=1)
+    return rows
 
 
 if __name__ == "__main__":

@@ -3,6 +3,10 @@
 Installed as the package `vllm_sparrow_kernels` (setup.py maps this folder), so it cannot clash
 with other top-level `kernels` packages.
 
-  window_attention.py       cache write + text-anchored window attention over the paged cache
-  window_attention_ref.py   the same two operations in plain torch (the tests' reference)
+  window_attention.py              text-anchored window attention over the ring cache, cache
+                                   write folded in ([B, L] layouts: decode and chained forwards)
+  window_attention_ref.py          the same in plain torch (the tests' reference, the CPU path)
+  packed_window_attention.py       the same over packed rows (steps with prompt chunks),
+                                   bounded by the window
+  packed_window_attention_ref.py   its plain torch reference (and the CPU path)
 """

@@ -8,10 +8,12 @@ online softmax (fp32): the slot's A + R cached rows (the text index each row hol
 from cache_len, never stored) and this forward's own rows. The masks are index arithmetic,
 never materialised.
 
-When a request's rows fit one query tile (every decode, verify and chained forward), the
-program that read the slot's rows also stores the forward's rows afterwards: no other program
-touches that (slot, kv head), so the write needs no second launch. A longer forward (a prompt
-chunk) is written by a second launch after every tile has read the cache.
+It serves the fixed-shape layouts: decode and verify steps (L = K + 1) and chained forwards
+(L = 1). Their rows fit one query tile, so the program that read the slot's rows also stores the
+forward's rows afterwards: no other program touches that (slot, kv head), so the write needs no
+second launch (a longer layout is written by a second launch after every tile has read the
+cache). Steps with prompt chunks go through packed_window_attention.py, whose in-step loop is
+bounded by the window.
 Set TRITON_INTERPRET=1 before importing to run on CPU (tests).
 """
 
@@ -23,16 +25,24 @@ import triton.language as tl
 
 
 @triton.jit
-def _fold(acc, m_i, l_i, q, kt, vt, ok):
-    """Fold one key tile (kt/vt [BLOCK_N, D], ok [BLOCK_M, BLOCK_N]) into the softmax state."""
-    s = tl.dot(q, tl.trans(kt), input_precision="ieee")  # [BLOCK_M, BLOCK_N] (q pre-scaled)
+def fold_key_tile(acc, m_i, l_i, q, kt, vt, ok, IEEE: tl.constexpr):
+    """Fold one key tile (kt/vt [BLOCK_N, D], ok [BLOCK_M, BLOCK_N]) into the softmax state.
+    Dot products take the inputs' dtype (fp16/bf16: tensor cores) and accumulate in fp32; fp32
+    inputs use IEEE products (not TF32), so the fp32 path equals the torch reference."""
+    if IEEE:
+        s = tl.dot(q, tl.trans(kt), input_precision="ieee")  # [BLOCK_M, BLOCK_N] (q pre-scaled)
+    else:
+        s = tl.dot(q, tl.trans(kt))
     s = tl.where(ok, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp(m_i - m_safe)
     p = tl.exp(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p, vt, input_precision="ieee")
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p, vt, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
     return acc, m_new, l_i
 
 
@@ -42,8 +52,8 @@ def _ring_attention_kernel(
         scale, anchors, window, ring, L,
         HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr, CAP: tl.constexpr,
         GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
-        FOLD_WRITE: tl.constexpr):
-    b = tl.program_id(0)
+        FOLD_WRITE: tl.constexpr, IEEE: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)  # int64 offsets: B x L x heads x D can pass 2^31
     kvh = tl.program_id(1)
     tile = tl.program_id(2)
     BLOCK_M: tl.constexpr = BLOCK_L * BLOCK_G
@@ -55,7 +65,8 @@ def _ring_attention_kernel(
     offs_d = tl.arange(0, D)
     p = tl.load(pos_ptr + b * L + t, mask=t < L, other=0)  # [BLOCK_M] query text index
     q_addr = ((b * L + t) * HEADS + head)[:, None] * D + offs_d[None, :]
-    q = tl.load(q_ptr + q_addr, mask=row_ok[:, None], other=0.0).to(tl.float32) * scale  # [BLOCK_M, D]
+    q = tl.load(q_ptr + q_addr, mask=row_ok[:, None], other=0.0)
+    q = (q.to(tl.float32) * scale).to(q_ptr.dtype.element_ty)  # [BLOCK_M, D], pre-scaled
     slot = tl.load(slots_ptr + b).to(tl.int64)
     last = tl.load(cache_len_ptr + b) - 1
     acc = tl.zeros([BLOCK_M, D], dtype=tl.float32)
@@ -74,9 +85,9 @@ def _ring_attention_kernel(
         if window > 0:
             ok = ok & ((idx[None, :] < anchors) | (idx[None, :] > p[:, None] - window))
         addr = (cache_base + j)[:, None] * D + offs_d[None, :]
-        kt = tl.load(kc_ptr + addr, mask=in_cap[:, None], other=0.0).to(tl.float32)
-        vt = tl.load(vc_ptr + addr, mask=in_cap[:, None], other=0.0).to(tl.float32)
-        acc, m_i, l_i = _fold(acc, m_i, l_i, q, kt, vt, ok)
+        kt = tl.load(kc_ptr + addr, mask=in_cap[:, None], other=0.0).to(q_ptr.dtype.element_ty)
+        vt = tl.load(vc_ptr + addr, mask=in_cap[:, None], other=0.0).to(q_ptr.dtype.element_ty)
+        acc, m_i, l_i = fold_key_tile(acc, m_i, l_i, q, kt, vt, ok, IEEE)
 
     # 2. this forward's rows (always including the query row itself)
     for u0 in range(0, L, BLOCK_N):
@@ -89,9 +100,9 @@ def _ring_attention_kernel(
             ok = ok & ((kpos[None, :] < anchors) | (kpos[None, :] > p[:, None] - window))
         ok = ok | (u[None, :] == t[:, None])
         addr = ((b * L + u) * KV_HEADS + kvh)[:, None] * D + offs_d[None, :]
-        kt = tl.load(k_ptr + addr, mask=in_l[:, None], other=0.0).to(tl.float32)
-        vt = tl.load(v_ptr + addr, mask=in_l[:, None], other=0.0).to(tl.float32)
-        acc, m_i, l_i = _fold(acc, m_i, l_i, q, kt, vt, ok)
+        kt = tl.load(k_ptr + addr, mask=in_l[:, None], other=0.0)
+        vt = tl.load(v_ptr + addr, mask=in_l[:, None], other=0.0)
+        acc, m_i, l_i = fold_key_tile(acc, m_i, l_i, q, kt, vt, ok, IEEE)
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(out_ptr + q_addr, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -129,7 +140,7 @@ def _write_rows(k_ptr, v_ptr, kc_ptr, vc_ptr, pos_ptr, valid_ptr, b, kvh, cache_
 @triton.jit
 def _ring_write_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slots_ptr, pos_ptr, valid_ptr, anchors, ring, L,
                        KV_HEADS: tl.constexpr, D: tl.constexpr, CAP: tl.constexpr, BLOCK_L: tl.constexpr):
-    b = tl.program_id(0)
+    b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     slot = tl.load(slots_ptr + b).to(tl.int64)
     _write_rows(k_ptr, v_ptr, kc_ptr, vc_ptr, pos_ptr, valid_ptr, b, kvh, (slot * KV_HEADS + kvh) * CAP,
@@ -159,7 +170,7 @@ def ring_window_attention(q, k, v, k_cache, v_cache, slots, pos, valid, cache_le
         q, k, v, k_cache, v_cache, out, slots32, pos32, valid8, len32,
         scale, anchors, window, ring, L,
         HEADS=heads, KV_HEADS=kv_heads, D=d, CAP=cap, GROUP=group, BLOCK_G=block_g, BLOCK_L=block_l,
-        BLOCK_N=block_n, FOLD_WRITE=fold)
+        BLOCK_N=block_n, FOLD_WRITE=fold, IEEE=q.dtype == torch.float32)
     if not fold:
         _ring_write_kernel[(B, kv_heads)](k, v, k_cache, v_cache, slots32, pos32, valid8, anchors, ring, L,
                                           KV_HEADS=kv_heads, D=d, CAP=cap, BLOCK_L=block_l)

@@ -73,10 +73,17 @@ def ring_write_ref(k_cache, v_cache, slots, pos, valid, k, v, anchors: int, ring
     (sink) slot of the cache."""
     newest = torch.where(valid, pos, -1).amax(1, keepdim=True)  # [B, 1]
     keep = valid & ((pos < anchors) | (pos > newest - ring))  # [B, L]
+    slot = slots[:, None].expand_as(pos)  # [B, L]
+    ring_write_rows(k_cache, v_cache, slot.flatten(), pos.flatten(), keep.flatten(), k.flatten(0, 1),
+                    v.flatten(0, 1), anchors, ring)
+
+
+def ring_write_rows(k_cache, v_cache, slot, pos, keep, k, v, anchors: int, ring: int) -> None:
+    """Store rows k/v [N, kv_heads, D] where keep [N]: row n at text index pos[n] of slot[n]; the
+    others write to the last (sink) slot, which nothing reads (one scatter, no host read)."""
     sink = k_cache.shape[0] - 1
-    slot = torch.where(keep, slots[:, None], sink).flatten()  # [B * L]
-    row = torch.where(keep, ring_row(pos, anchors, ring), 0).flatten()
-    k, v = k.flatten(0, 1), v.flatten(0, 1)  # [B * L, kv, D]
+    slot = torch.where(keep, slot, sink)  # [N]
+    row = torch.where(keep, ring_row(pos, anchors, ring), 0)  # [N]
     if k.dtype != k_cache.dtype:
         k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
     k_cache[slot, :, row] = k

@@ -18,3 +18,27 @@ def test_async_scheduling_request_passes_vllms_config_check(target_dirs, trained
     config = args.create_engine_config()  # raised ValueError before the patch
     assert config.speculative_config.method == "sparrow"
     assert "async-scheduling-method" in APPLIED
+
+
+def test_adaptive_length_steps_aside_under_async_scheduling_with_a_log_line():
+    """Adaptive length hands vLLM per-request draft lengths (lists), which the runner refuses under
+    async scheduling (it asserts a [B, K] tensor on the second decode step). The proposer serves
+    fixed-length drafts there, says so once, and keeps the threshold where async is off."""
+    import logging
+
+    from vllm_sparrow.proposer import adaptive_length
+
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    log = logging.getLogger("vllm_sparrow")
+    log.addHandler(handler)
+    try:
+        assert adaptive_length(0.7, async_scheduling=False) == 0.7
+        assert adaptive_length(0.7, async_scheduling=None) == 0.7
+        assert adaptive_length(None, async_scheduling=True) is None
+        assert not lines
+        assert adaptive_length(0.7, async_scheduling=True) is None
+    finally:
+        log.removeHandler(handler)
+    assert len(lines) == 1 and "--no-async-scheduling" in lines[0] and "0.7" in lines[0]

@@ -108,9 +108,9 @@ class _Request:
 
 
 def _count_paths(drafter):
-    """Count the steps that took the fixed-shape decode path and the general one."""
+    """Count the steps that took the fixed-shape decode path and the packed one."""
     counts = {"decode": 0, "general": 0}
-    for name, attr in (("decode", "_commit_decode"), ("general", "_commit")):
+    for name, attr in (("decode", "_commit_decode"), ("general", "_commit_packed")):
         inner = getattr(drafter, attr)
 
         def counted(*a, _inner=inner, _name=name, **kw):
@@ -143,8 +143,11 @@ def _run_steps(drafter, model, io, reqs, steps, rnd, chunk_choices):
             seen.append(logits.clone())
             return logits.argmax(-1), None
 
+        # Half the steps bound the packed layout by the text rows the host counts (tight), half
+        # by every row (placeholders become padding rows).
         batch = StepBatch.from_lists([r.rid for r, *_ in parts], torch.tensor(toks), torch.stack(hid),
-                                     row_start, valid, seq_start, prompt_lens, torch.tensor(nxt), mids)
+                                     row_start, valid, seq_start, prompt_lens, torch.tensor(nxt), mids,
+                                     visual_token_ids=(VIS,) if rnd.random() < 0.5 else None)
         ids, _ = drafter.step(batch, K, sampler)
         for b, (r, *_rest) in enumerate(parts):
             if mids[b]:

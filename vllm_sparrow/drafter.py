@@ -11,9 +11,11 @@ the target's states are committed; the K-1 entries the draft builds from its own
 chaining are written past the committed end and overwritten by the next step.
 
 Batched and sync-free: request state lives in device tensors indexed by a slot (the host only
-maps request ids to slots), the whole batch goes through every draft forward as one [B, L]
-layout, and nothing is read back to the host, except the one `.item()` a step with a long
-prompt chunk needs to size its layout.
+maps request ids to slots), the whole batch goes through every draft forward together, and
+nothing is read back to the host. A step where every request decodes is one fixed [B, K + 1]
+layout (what CUDA graphs capture); a step that carries prompt chunks packs its rows request
+after request, each request bounded by the text rows the host counts, so a 3,000-token prompt
+joining 16 decodes runs the draft on ~3,000 + 16 x (K + 1) rows, not 17 x 3,000.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from .attention import WindowAttentionBackend
 from .model import SparrowDraftModel, TokenIO
 from .serving_layer import SparrowServingLayer
 from .tree_search import TreeSpec, search_chain
-from .window import TextWindowCache, WindowBatch, WindowSpec
+from .window import PackedRows, TextWindowCache, WindowBatch, WindowSpec
 
 # sample(logits [B, vocab]) -> (token ids [B], probs [B, vocab] or None).
 # probs are the distribution the ids were drawn from (None: deterministic, e.g. greedy).
@@ -84,22 +86,34 @@ class StepBatch:
     # Host: an upper bound on each request's text entries after this step (its sequence length
     # will do; less its visual placeholders is tight). Lets the torch path skip unused ring rows.
     text_bound: np.ndarray | None = None  # [B]
+    # Host: an upper bound on each request's text rows in this step (its rows less the visual
+    # placeholders among them). Sizes the packed layout of a step with prompt chunks without a
+    # device read; None: every row may be text (a video chunk's placeholders become padding).
+    text_rows: np.ndarray | None = None  # [B]
 
     @classmethod
     def from_lists(cls, req_ids: list[str], token_ids: torch.Tensor, hidden: torch.Tensor,
                    row_start: Sequence[int], num_valid: Sequence[int], seq_start: Sequence[int],
                    num_prompt_tokens: Sequence[int], next_token: torch.Tensor,
-                   mid_prefill: Sequence[bool]) -> StepBatch:
+                   mid_prefill: Sequence[bool], visual_token_ids: Sequence[int] | None = None) -> StepBatch:
         """Host-side construction (tests, the acceptance replay): rows of request b start at
-        row_start[b] and run to the next request's start (the last one to the end)."""
+        row_start[b] and run to the next request's start (the last one to the end). With
+        visual_token_ids, text_rows is counted from the tokens (tight); else left unbounded."""
         dev = token_ids.device
         t = lambda xs, dt: torch.tensor(list(xs), dtype=dt, device=dev)  # noqa: E731
         decode_only = all(s >= p for s, p in zip(seq_start, num_prompt_tokens)) and not any(mid_prefill)
         query_start = np.asarray(list(row_start) + [token_ids.shape[0]], dtype=np.int64)
+        text_rows = None
+        if visual_token_ids is not None:
+            ids, qs = token_ids.cpu().numpy(), query_start
+            seq = np.concatenate([s + np.arange(e - b) for s, b, e in zip(seq_start, qs[:-1], qs[1:])] or [[]])
+            prompt = np.repeat(np.asarray(num_prompt_tokens), np.diff(qs))
+            text = ~(np.isin(ids, list(visual_token_ids)) & (seq < prompt))  # [T]
+            text_rows = np.array([text[lo:hi].sum() for lo, hi in zip(qs[:-1], qs[1:])], dtype=np.int64)
         return cls(list(req_ids), token_ids.long(), hidden, query_start,
                    t(num_valid, torch.long), t(seq_start, torch.long), t(num_prompt_tokens, torch.long),
                    next_token.long(), t(mid_prefill, torch.bool), decode_only,
-                   np.asarray(seq_start, dtype=np.int64) + np.diff(query_start))
+                   np.asarray(seq_start, dtype=np.int64) + np.diff(query_start), text_rows)
 
 
 class SparrowDrafter:
@@ -126,6 +140,7 @@ class SparrowDrafter:
         self.cache = TextWindowCache(self.spec, max_requests, max_draft_tokens, max_text_tokens,
                                      cfg.num_key_value_heads, cfg.head_dim, dtype, device)
         self.visual_ids = torch.tensor(sorted(visual_token_ids), dtype=torch.long, device=device)
+        self._visual_host = frozenset(visual_token_ids)
         # Per-slot request state, on the device (slot max_requests is the cache's sink), packed
         # so a step reads and writes it with one op each: columns COMMITTED (text entries in the
         # cache), SEEN (sequence index consumed), HAS_PENDING (1: `pending` holds a text state
@@ -198,13 +213,37 @@ class SparrowDrafter:
             slots, dest = self._decode_indices(batch, slot_list, num_draft + 1)
             y_last, c_new, drafting, ctx = self._commit_decode(batch, slots, dest, num_draft + 1, rows)
         else:
-            slots, row_req, row_off, starts = self._host_indices(batch, slot_list)
-            y_last, c_new, drafting, ctx = self._commit(batch, slots, row_req, row_off, starts, num_draft, rows)
+            y_last, c_new, drafting, ctx, slots = self._commit_packed(batch, slot_list, rows)
         if self.tree is not None and sample is greedy:
             ids, confidence = search_chain(self, self.tree, y_last, slots, c_new, drafting, rows, num_draft)
             self.last_confidence = confidence if self.track_confidence else None
             return ids, None
         return self._chain(y_last, slots, c_new, drafting, ctx, num_draft, sample)
+
+    @torch.inference_mode()
+    def profile_step(self, num_tokens: int, num_requests: int, num_draft: int) -> int:
+        """The largest step vLLM can schedule: num_tokens rows, all text, over num_requests
+        requests, drafted on the sink slot, so vLLM's memory profile (its dummy run before it
+        sizes the KV cache) counts the draft's activations. No request's state is touched.
+        Returns the packed rows run."""
+        B = max(1, min(num_requests, num_tokens))
+        # One long chunk and B - 1 single rows (the packed rows are T + B either way); a chunk
+        # longer than the RoPE table (max_num_batched_tokens > max_model_len) is split.
+        longest = max(1, self.layer.max_positions - self.max_draft_tokens - 2)
+        rest = max(num_tokens, B) - (B - 1)
+        chunks = [longest] * ((rest - 1) // longest) + [rest - longest * ((rest - 1) // longest)]
+        qlen = np.array(chunks + [1] * (B - 1), dtype=np.int64)  # [B'] rows per request
+        B, T = len(qlen), int(qlen.sum())
+        dev, sink = self.device, self.cache.num_slots
+        text = next(i for i in range(len(self._visual_host) + 1) if i not in self._visual_host)  # a text token
+        z = lambda n, dt=torch.long: torch.zeros(n, dtype=dt, device=dev)  # noqa: E731
+        batch = StepBatch([""] * B, z(T) + text, self.pending.new_zeros(T, self.pending.shape[1]),
+                          np.concatenate([[0], np.cumsum(qlen)]), torch.as_tensor(qlen, device=dev), z(B),
+                          z(B), z(B) + text, z(B, torch.bool), text_rows=qlen)
+        y, c_new, drafting, ctx, slots = self._commit_packed(batch, [sink] * B, None)
+        self._chain(y, slots, c_new, drafting, ctx, num_draft, greedy)
+        self.state[sink] = torch.tensor([0, -1, 0], device=dev)
+        return T + B
 
     def to_device(self, values) -> torch.Tensor:
         """Host integers -> device int64 (pinned, asynchronous on CUDA: no sync)."""
@@ -212,17 +251,6 @@ class SparrowDrafter:
         if self.device.type == "cuda":
             return host.pin_memory().to(self.device, non_blocking=True)
         return host.to(self.device)
-
-    def _host_indices(self, batch: StepBatch, slot_list: list[int]):
-        """slots [B], row_req [T] (request of each row), row_off [T] (row within its request),
-        starts [B] (first row of each request): computed on the host, copied in one transfer."""
-        qs = batch.query_start
-        B, T = len(batch.req_ids), int(qs[-1])
-        row_req = np.repeat(np.arange(B), np.diff(qs))  # [T]
-        host = np.concatenate([slot_list, row_req,
-                               np.arange(T) - qs[:-1][row_req], qs[:-1]])
-        dev = self.to_device(host)
-        return dev[:B], dev[B : B + T], dev[B + T : B + 2 * T], dev[B + 2 * T :]
 
     def _decode_indices(self, batch: StepBatch, slot_list: list[int], L: int):
         """slots [len(slot_list)] (the batch's, then any padding the caller appends) and dest [T]
@@ -276,8 +304,30 @@ class SparrowDrafter:
         y_last = y[self._iota[:B], nv - 1]  # [B, H]
         return y_last, c_new, nv > 0, ctx[0]
 
-    def _commit(self, batch: StepBatch, slots, row_req, row_off, starts, num_draft: int, rows: int | None):
-        """Run the first draft forward over this step's new entries; update the slots' state.
+    def _packed_layout(self, batch: StepBatch, slot_list: list[int]):
+        """Host indices of a packed step, copied in one transfer: slots [B], row_req [T] (request
+        of each of the step's rows), row_off [T] (row within its request), step_starts [B] (first
+        step row of each request), cu [B + 1] (host and device: packed rows of each request, an
+        upper bound on its text states plus one for a pending state), prow_req [N] and
+        prow_off [N] (request of each packed row, row within it)."""
+        qs = batch.query_start
+        B, T = len(batch.req_ids), int(qs[-1])
+        qlen = np.diff(qs)
+        text = qlen if batch.text_rows is None else np.minimum(batch.text_rows, qlen)
+        cu = np.concatenate([[0], np.cumsum(text + 1)]).astype(np.int64)  # + 1: a pending state
+        row_req = np.repeat(np.arange(B), qlen)  # [T]
+        prow_req = np.repeat(np.arange(B), np.diff(cu))  # [N]
+        host = np.concatenate([slot_list, row_req, np.arange(T) - qs[:-1][row_req], qs[:-1], cu,
+                               prow_req, np.arange(cu[-1]) - cu[:-1][prow_req]])
+        dev = self.to_device(host)
+        e = np.cumsum([B, T, T, B, B + 1, int(cu[-1])])  # ends of the parts
+        return (dev[: e[0]], dev[e[0] : e[1]], dev[e[1] : e[2]], dev[e[2] : e[3]], cu,
+                dev[e[3] : e[4]], dev[e[4] : e[5]], dev[e[5] :])
+
+    def _commit_packed(self, batch: StepBatch, slot_list: list[int], rows: int | None):
+        """Run the first draft forward over this step's new entries, packed (no padding between
+        requests: a step where a prompt chunk joins decodes runs on the rows it has, never on
+        B x the chunk's length, and reads nothing back to the host); update the slots' state.
 
         Worked example, two requests (V: a visual placeholder row; every row valid):
           request 0: rows x5 V V x6, next token x7, nothing pending, 10 entries committed
@@ -290,17 +340,19 @@ class SparrowDrafter:
           before = (csum - is_item)[starts] = [0, 2]   items of earlier requests
           hp = [0, 1];  n_items = hp + items = [2, 3]; count = n_items - 1 + 1 = [2, 3]
           rank             0   -   -   1  | 1   2     (request 1's pending h2 takes rank 0)
-        L = max(n_items) = 3; dest = row_req * L + rank (visual rows go to the dump row 6):
-          layout           request 0: h5 h6 pad   tokens x5 x6 .   following x6 x7 .
-                           request 1: h2 h3 h4    tokens .  x3 x4  following x3 x4 x5
+        Packed rows: the host bounds request 0's text rows by 2 (its 4 rows less 2 placeholders,
+        text_rows) and request 1's by 2, plus one each for a pending state: cu = [0, 3, 6];
+        dest = cu[row_req] + rank (visual rows go to the dump row 6):
+          packed           h5 h6 pad | h2 h3 h4    tokens x5 x6 . | .  x3 x4
+          following        x6 x7 .   | x3 x4 x5
         so request 0 commits (h5, x6) (h6, x7) at text indices 10 11 and request 1 commits
         (h2, x3) (h3, x4) (h4, x5) at 3 4 5; each drafts from the output of its last entry.
         Had request 1's prompt continued (mid-prefill), x5 would be unknown: h4 would stay
         pending and only 2 entries would be committed.
         """
         B = len(batch.req_ids)
-        qlen = np.diff(batch.query_start)  # [B] host
-
+        slots, row_req, row_off, step_starts, cu, cu_dev, prow_req, prow_off = self._packed_layout(batch, slot_list)
+        N = int(cu[-1])
         st = self.state[slots]  # [B, 3]
         fresh = st[:, SEEN] != batch.seq_start  # new, preempted or prefix-cached: restart
         c0 = torch.where(fresh, 0, st[:, COMMITTED])  # [B]
@@ -311,47 +363,42 @@ class SparrowDrafter:
         visual = torch.isin(toks, self.visual_ids) & (seq < batch.num_prompt_tokens[row_req])
         is_item = (row_off < batch.num_valid[row_req]) & ~visual  # [T] a text state that counts
         csum = is_item.long().cumsum(0)
-        before = (csum - is_item.long())[starts]  # [B] items of earlier requests
+        before = (csum - is_item.long())[step_starts]  # [B] items of earlier requests
+        starts = cu_dev[:-1]  # [B] first packed row of each request
         n_items = hp.long() + torch.cat([before[1:], csum[-1:]]) - before  # [B] incl. pending
         rank = hp.long()[row_req] + csum - 1 - before[row_req]  # [T]
         nt = ~batch.mid_prefill  # [B] the token after the last item is known
         count = (n_items - 1 + nt.long()).clamp(min=0)  # [B] entries committed this step
 
-        # Layout width: a decode/verify step (short queries) needs no sync; a prompt chunk asks
-        # the device how many text rows it has (the only host read of a step).
-        L = int(qlen.max()) + 1 if qlen.max() <= num_draft + 1 else int(n_items.max())
-        L = max(L, 1)
-        dump = B * L
-        dest = torch.where(is_item, row_req * L + rank, dump)  # [T]
+        dest = torch.where(is_item, starts[row_req] + rank, N)  # [T] (N: the dump row)
         H = batch.hidden.shape[-1]
-        hid = self.pending.new_zeros(dump + 1, H)
-        hid[torch.where(hp, torch.arange(B, device=self.device) * L, dump)] = self.pending[slots]
+        hid = self.pending.new_zeros(N + 1, H)  # padding rows zero: they must stay finite
+        hid[torch.where(hp, starts, N)] = self.pending[slots]
         hid[dest] = batch.hidden.to(hid.dtype)
-        tok = toks.new_zeros(dump + 1)
+        tok = toks.new_zeros(N + 1)
         tok[dest] = toks
-        hid, tok = hid[:dump], tok[:dump].view(B, L)  # [B * L, H], [B, L]
-
-        u = torch.arange(L, device=self.device)[None, :]  # [1, L]
-        following = torch.cat([tok[:, 1:], tok[:, :1]], 1)  # token of the next item
-        following = torch.where(u + 1 < n_items[:, None], following, batch.next_token[:, None])
-        wb = WindowBatch(slots, c0[:, None] + u, u < count[:, None], c0, rows)
+        hid, tok = hid[:N], tok[:N]  # [N, H], [N]
+        # Token of the next item, the step's next token after the last (rows of a request are
+        # contiguous, so the next packed row is the next item while there is one).
+        following = torch.where(prow_off + 1 < n_items[prow_req], tok.roll(-1), batch.next_token[prow_req])
+        packed = PackedRows(slots, cu, c0, count, rows)
         ctx = []
 
-        def attention(q, k, v):
-            out, chain_ctx = self.backend.commit(self.cache, wb, q, k, v)
+        def attention(q, k, v):  # [N, heads | kv_heads, D]
+            out, chain_ctx = self.backend.commit_packed(self.cache, packed, q, k, v)
             ctx.append(chain_ctx)
             return out
 
-        y = self._forward(hid, following, wb, attention).view(B, L, H)
+        y = self.layer(hid, self.io.embed(following), c0[prow_req] + prow_off, attention)  # [N, H]
 
         # State after this step (slots are distinct within a batch).
         keep_pending = ~nt & (n_items > 0)
-        last_item = hid.view(B, L, H)[torch.arange(B, device=self.device), (n_items - 1).clamp(min=0)]
+        last_item = hid[(starts + n_items - 1).clamp(min=0, max=N - 1)]  # [B, H]
         self.pending[slots] = torch.where(keep_pending[:, None], last_item, self.pending[slots])
         c_new = c0 + count
         self.state[slots] = torch.stack([c_new, batch.seq_start + batch.num_valid, keep_pending.long()], 1)
-        y_last = y[torch.arange(B, device=self.device), (count - 1).clamp(min=0)]  # [B, H]
-        return y_last, c_new, nt & (count > 0), ctx[0]
+        y_last = y[(starts + count - 1).clamp(min=0, max=N - 1)]  # [B, H]
+        return y_last, c_new, nt & (count > 0), ctx[0], slots
 
     def _forward(self, hidden, tokens, wb: WindowBatch, attention) -> torch.Tensor:
         """One draft forward over a [B, L] layout; returns [B * L, hidden].

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 
 import os
+import weakref
 
 import numpy as np
 import torch
@@ -32,18 +33,28 @@ logger = init_logger("vllm_sparrow")
 
 
 class _TargetTokenIO:
-    """The target's embedding and LM head (TP-aware, via the model's public interface)."""
+    """The target's embedding and LM head (TP-aware, via the model's public interface), held
+    weakly: at shutdown vLLM's runner drops the target (runner.shutdown sets model = None) so
+    the next engine in the process gets its memory; a strong reference here would keep every
+    weight alive (a 7B target on one GPU: the next engine could not start)."""
 
     def __init__(self, target_model: torch.nn.Module) -> None:
         lm = target_model.get_language_model() if hasattr(target_model, "get_language_model") else target_model
-        self._embed = lm.embed_input_ids
-        self._logits = target_model.compute_logits
+        self._embed = weakref.WeakMethod(lm.embed_input_ids)
+        self._logits = weakref.WeakMethod(target_model.compute_logits)
+
+    @staticmethod
+    def _live(method: weakref.WeakMethod):
+        fn = method()
+        if fn is None:
+            raise RuntimeError("the target model was released: its engine has shut down")
+        return fn
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self._embed(token_ids)
+        return self._live(self._embed)(token_ids)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._logits(hidden)
+        return self._live(self._logits)(hidden)
 
 
 class SparrowProposer(EagleProposer):
@@ -79,7 +90,7 @@ class SparrowProposer(EagleProposer):
             backend, self.device, self.dtype, max_requests=max_seqs, max_draft_tokens=k,
             max_text_tokens=self.max_model_len,
         )
-        self.stop_confidence = stop_confidence(cfg)
+        self.stop_confidence = adaptive_length(stop_confidence(cfg), self.vllm_config.scheduler_config.async_scheduling)
         self.drafter.track_confidence = self.stop_confidence is not None
         self.drafter.tree = tree_spec(cfg, k)
         mode = draft_graph_mode(self.vllm_config, self.device)
@@ -128,9 +139,18 @@ class SparrowProposer(EagleProposer):
 
     def dummy_run(self, num_tokens: int, *args, is_graph_capturing: bool = False, **kwargs) -> None:
         # The cache is allocated at load time, before vLLM profiles memory; at vLLM's graph
-        # capture, the decode step is captured once for every batch bucket.
-        if is_graph_capturing and self.drafter is not None and self.drafter.graphs is not None:
-            self.drafter.graphs.capture()
+        # capture, the decode step is captured once for every batch bucket. Otherwise (vLLM's
+        # memory profile among them) the largest step of num_tokens rows runs, so the draft's
+        # activations are in the peak vLLM budgets for.
+        if self.drafter is None:
+            return
+        if is_graph_capturing:
+            if self.drafter.graphs is not None:
+                self.drafter.graphs.capture()
+            return
+        max_seqs = self.vllm_config.scheduler_config.max_num_seqs
+        rows = self.drafter.profile_step(num_tokens, max_seqs, self.num_speculative_tokens)
+        self.profiled_rows = max(getattr(self, "profiled_rows", 0), rows)
 
     def release_requests(self, req_ids) -> None:
         if self.drafter is not None:
@@ -201,7 +221,19 @@ class SparrowProposer(EagleProposer):
             mid_prefill=self.runner.discard_request_mask.gpu[:n],
             decode_only=decoding,
             text_bound=computed + np.diff(query_start) - self._visual_counts(batch, n),
+            text_rows=None if decoding else self._text_rows(batch, n, np.diff(query_start)),
         )
+
+    def _text_rows(self, batch, n: int, qlen: np.ndarray) -> np.ndarray:
+        """[B] rows of this step less the visual placeholders among them, from the runner's host
+        copy of the tokens: sizes the packed layout of a step with prompt chunks (a video chunk's
+        placeholders take no draft rows). Decode rows are all text."""
+        rows = qlen.copy()
+        computed, prompt = batch.num_computed_tokens_cpu[:n], batch.num_prompt_tokens[:n]
+        for i in np.flatnonzero(computed < prompt):
+            lo, hi = int(computed[i]), int(min(computed[i] + qlen[i], prompt[i]))
+            rows[i] -= int(np.isin(batch.token_ids_cpu[i, lo:hi], self._visual_ids).sum())
+        return rows
 
     def _visual_counts(self, batch, n: int) -> np.ndarray:
         """[B] visual placeholders in each request's prompt, counted once per request from the
@@ -251,6 +283,19 @@ def stop_confidence(cfg) -> float | None:
             raise ValueError(f"SPARROW_STOP_CONFIDENCE={value}: use a probability in (0, 1) or 'off'")
         return value
     return cfg.stop_confidence
+
+
+def adaptive_length(threshold: float | None, async_scheduling: bool | None) -> float | None:
+    """The stop_confidence to serve with: adaptive length hands vLLM a draft length per request
+    (a list of lists), which vLLM's async scheduling cannot take (its runner asserts a [B, K]
+    tensor), so under async scheduling it is off, said once in the log, and never an assert."""
+    if threshold is None or not async_scheduling:
+        return threshold
+    logger.warning("Sparrow: adaptive length (stop_confidence %s) is off because async scheduling is on: "
+                   "it gives each request its own draft length, which async scheduling cannot verify. "
+                   "Drafting K tokens per request. Start the engine with --no-async-scheduling to use it.",
+                   threshold)
+    return None
 
 
 def draft_graph_mode(vllm_config, device) -> str | None:

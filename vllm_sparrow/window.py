@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -54,6 +55,23 @@ class WindowBatch:
     # Host bound: only the first `rows` cache rows of these slots can hold an entry (no slot has
     # reached its ring's end yet), so readers may skip the rest. None: any row may.
     rows: int | None = None
+
+
+@dataclass
+class PackedRows:
+    """One draft forward's rows packed request after request, no padding between requests
+    (steps with prompt chunks): request b owns rows cu[b]:cu[b + 1]; its row j is the entry at
+    text index cache_len[b] + j, a real entry (stored, a key) when j < count[b].
+
+    Worked example: a decode with 4 rows (3 real) beside a 600-row prompt chunk (all real) is
+    cu = [0, 4, 604], count = [3, 600]: 604 rows through the draft, not 2 x 600.
+    """
+
+    slots: torch.Tensor  # [B] int64 cache slot of each request
+    cu: np.ndarray  # [B + 1] host: row offsets
+    cache_len: torch.Tensor  # [B] int64 entries of the request in the cache before this forward
+    count: torch.Tensor  # [B] int64 real rows of the request (a prefix of its rows)
+    rows: int | None = None  # as WindowBatch.rows
 
 
 class TextWindowCache:

@@ -153,8 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from .durable import DurableWriteError
+    from .lifetime import record_command
 
     args = build_parser().parse_args(argv)
+    record_command()  # before any engine starts: every process this command starts dies with it, kill -9 included
     try:
         return args.fn(args)
     except DurableWriteError as e:  # a full disk: say so and how to go on, not a traceback

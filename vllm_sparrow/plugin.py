@@ -4,6 +4,9 @@ Runs in every vLLM process before configs are built, sparrow or not, so it must 
 vLLM from starting: on an unsupported vLLM version it logs one line and registers nothing
 (vLLM then refuses `method: "sparrow"` as an unknown method), and if a patch fails to apply it
 undoes the ones applied, logs why, and leaves vLLM as it was. Idempotent; imports no CUDA.
+
+In a process a `sparrow` command started (vLLM's engine core, its workers) it first ties the
+process's life to its parent's (lifetime.py), so a kill -9 of the command leaves nothing running.
 """
 
 from __future__ import annotations
@@ -21,7 +24,10 @@ def _logger():
 
 
 def register() -> None:
+    from .lifetime import die_with_parent
     from .patches import UnsupportedVllmVersion, apply_patches, revert_patches
+
+    die_with_parent()  # first: before this process loads a model it must not outlive its command (never raises)
 
     try:
         apply_patches()

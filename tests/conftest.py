@@ -1,11 +1,21 @@
 """Shared fixtures: tiny targets built offline, trained drafts, video clips, engine settings.
 
-Engines run in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) and are shared per test module.
+Engines run in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) and are shared per test module. On
+CUDA every test engine takes GPU_SHARE of the GPU's memory (ENGINE_DEFAULTS, vllm_server, and any
+in-process vllm.LLM); on CPU nothing changes.
 """
 
+import contextlib
 import gc
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -78,15 +88,109 @@ def clips(workdir):
     return get
 
 
+def on_cuda() -> bool:
+    """Engines run on CUDA here: torch sees a GPU. Counted through NVML, as vLLM detects its
+    platform, not with torch.cuda.is_available(), whose cuInit in this process would break CUDA in
+    any process forked from it later."""
+    import torch
+
+    return torch.cuda.device_count() > 0
+
+
+# The share of GPU memory each test engine takes on CUDA. vLLM reserves gpu_memory_utilization x
+# the GPU's total memory per engine (0.92 by default) and refuses to start when less than that is
+# free, but tests keep several engines alive at once: a module's shared engine beside a test's own
+# (batch captioning), the `vllm serve` subprocess beside the in-process reference engine, an engine
+# or two of earlier modules not yet collected. The tiny targets need far less than 0.15 (the
+# weights are megabytes; the KV cache fills whatever is left), and 0.15 leaves room for six.
+GPU_SHARE = 0.15
+
+
+def gpu_share() -> dict:
+    """Engine kwargs that make an engine take GPU_SHARE on CUDA; {} on CPU (nothing changes there:
+    the CPU backend sizes its KV cache from VLLM_CPU_KVCACHE_SPACE)."""
+    return {"gpu_memory_utilization": GPU_SHARE} if on_cuda() else {}
+
+
+def gpu_share_args() -> list[str]:
+    """The same for a `vllm serve` command line."""
+    return ["--gpu-memory-utilization", str(GPU_SHARE)] if on_cuda() else []
+
+
+# gpu_share() is part of the defaults (and not only of make_llm) because tests hand
+# ENGINE_DEFAULTS to subprocesses too (`sparrow caption --engine-args`).
 ENGINE_DEFAULTS = dict(enforce_eager=True, dtype="float32", max_model_len=8192,
                        max_num_batched_tokens=8192, max_num_seqs=16,
-                       limit_mm_per_prompt={"image": 1, "video": 1})
+                       limit_mm_per_prompt={"image": 1, "video": 1}, **gpu_share())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def every_engine_takes_the_gpu_share():
+    """On CUDA, an in-process vllm.LLM opened without make_llm (the benchmark's engines in
+    quick_bench, batch captioning without an engine handed in) gets GPU_SHARE too, unless its
+    caller chose a gpu_memory_utilization: vLLM's default of 0.92 fails while another engine lives."""
+    if not on_cuda():
+        yield
+        return
+    import functools
+
+    from vllm import LLM
+
+    original = LLM.__init__
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("gpu_memory_utilization", GPU_SHARE)
+        original(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LLM, "__init__", __init__)
+        yield
 
 
 def make_llm(target, **overrides):
     from vllm import LLM
 
     return LLM(model=str(target), **{**ENGINE_DEFAULTS, **overrides})
+
+
+@contextlib.contextmanager
+def vllm_server(target, args: list[str], log: Path, env: dict | None = None, timeout: float = 300):
+    """`vllm serve TARGET ARGS` on 127.0.0.1 at a free port, with this GPU share on CUDA; yields
+    (base url, process) once /health answers, and stops the server's process group (API server
+    and engine process) afterwards."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [str(Path(sys.executable).with_name("vllm")), "serve", str(target), "--host", "127.0.0.1",
+           "--port", str(port), *gpu_share_args(), *args]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, proc, log, timeout)
+        yield url, proc
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # by PID: the server and its engine process
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise TimeoutError(f"vllm serve not healthy after {timeout}s:\n{log.read_text()[-4000:]}")
 
 
 def close_llm(llm):

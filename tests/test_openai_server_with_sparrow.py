@@ -6,19 +6,13 @@ Prometheus spec-decode counters move."""
 
 import base64
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import openai
 import pytest
-from conftest import TRAINED_TEXTS, close_llm, make_llm
+from conftest import TRAINED_TEXTS, close_llm, make_llm, vllm_server
 from vllm import SamplingParams
 
 from vllm_sparrow.video import write_synthetic_clip
@@ -29,54 +23,22 @@ MAX_FRAMES = 600  # the server's pyav max_frames
 MAX_FRAME_PIXELS = 10_000_000  # the server's VLLM_MAX_IMAGE_PIXELS: 4K (8.3 MP) passes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    raise TimeoutError(f"vllm serve not healthy after {timeout}s:\n{log.read_text()[-4000:]}")
-
-
 @pytest.fixture(scope="module")
 def server(workdir, target_dirs, trained_drafts):
     target, draft = target_dirs(KIND), trained_drafts(KIND)
     media = workdir / "server-media"
     media.mkdir(exist_ok=True)
     clip = write_synthetic_clip(media / "clip.mp4", 16, seed=7)
-    port, log = _free_port(), workdir / "server.log"
     spec = {"method": "sparrow", "model": str(draft), "num_speculative_tokens": 3}
-    cmd = [str(Path(sys.executable).with_name("vllm")), "serve", str(target), "--host", "127.0.0.1",
-           "--port", str(port), "--enforce-eager", "--dtype", "float32", "--max-model-len", "2048",
-           "--speculative-config", json.dumps(spec), "--allowed-local-media-path", str(media),
-           "--media-io-kwargs", json.dumps({"video": {"backend": "pyav", "num_frames": 8, "max_frames": MAX_FRAMES}}),
-           "--limit-mm-per-prompt", json.dumps({"video": 1, "image": 1}),
-           "--per-request-spec-decode-metrics", "summary"]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_MAX_IMAGE_PIXELS": str(MAX_FRAME_PIXELS)}
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, log)
+    args = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048",
+            "--speculative-config", json.dumps(spec), "--allowed-local-media-path", str(media),
+            "--media-io-kwargs", json.dumps({"video": {"backend": "pyav", "num_frames": 8, "max_frames": MAX_FRAMES}}),
+            "--limit-mm-per-prompt", json.dumps({"video": 1, "image": 1}),
+            "--per-request-spec-decode-metrics", "summary"]
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_MAX_IMAGE_PIXELS": str(MAX_FRAME_PIXELS)}
+    with vllm_server(target, args, workdir / "server.log", env) as (url, proc):
         yield dict(url=url, client=openai.OpenAI(base_url=url + "/v1", api_key="none"),
                    model=str(target), clip=clip, target=target, pid=proc.pid)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # stop by PID (and its engine process)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _video_part(url):

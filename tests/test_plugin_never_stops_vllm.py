@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+from conftest import gpu_share
+
 
 def _run(code: str, **env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env={**os.environ, **env},
@@ -19,7 +21,8 @@ def test_on_another_vllm_version_plain_vllm_runs_and_sparrow_is_refused(target_d
         import vllm
         vllm.__version__ = "0.99.0"
         from vllm import LLM, SamplingParams
-        llm = LLM(model={str(target_dirs("llama"))!r}, enforce_eager=True, dtype="float32", max_model_len=256)
+        llm = LLM(model={str(target_dirs("llama"))!r}, enforce_eager=True, dtype="float32", max_model_len=256,
+                  **{gpu_share()!r})
         out = llm.generate(["hello"], SamplingParams(max_tokens=4, temperature=0.0))[0]
         print("GENERATED", len(out.outputs[0].token_ids))
         from vllm_sparrow import patches

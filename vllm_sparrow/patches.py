@@ -473,6 +473,35 @@ def _has_content(message) -> bool:
     return False
 
 
+LOCAL_MEDIA_REFUSED = (
+    "file:// media URLs are refused: the server was started without --allowed-local-media-path. "
+    "Send the media inline (a data: URL) or over http(s), or start the server with "
+    "--allowed-local-media-path DIR, a directory the files lie under")
+
+
+def _patch_local_media_without_flag() -> None:
+    from vllm.exceptions import VLLMValidationError
+    from vllm.multimodal.media.connector import MediaConnector
+
+    # Upstream raises a bare RuntimeError here, which the API server's catch-all handler answers
+    # with a 500 from Starlette's ServerErrorMiddleware, which then re-raises, so uvicorn closes
+    # the connection. A VLLMValidationError is answered with a 400 by vLLM's own VLLMError handler;
+    # staying a RuntimeError keeps offline callers (LLM.chat) that catch upstream's type working.
+    class LocalMediaRefused(VLLMValidationError, RuntimeError):
+        pass
+
+    def make(original: Callable) -> Callable:
+        @functools.wraps(original)
+        def _load_file_url(self, url_spec, media_io):
+            if self.allowed_local_media_path is None:  # upstream's own condition for its RuntimeError
+                raise LocalMediaRefused(LOCAL_MEDIA_REFUSED)
+            return original(self, url_spec, media_io)
+
+        return _load_file_url
+
+    _patch("local-media-without-allowed-path", MediaConnector, "_load_file_url", make)
+
+
 # ---- the table --------------------------------------------------------------------------
 _SPEC = "vllm.config.speculative.SpeculativeConfig"
 PATCHES: tuple[Declared, ...] = (
@@ -530,6 +559,10 @@ PATCHES: tuple[Declared, ...] = (
              ".create_chat_completion", "fix", "any", "a chat request whose messages carry no text, image or "
              "video gets a 400 saying so (vLLM would generate from the bare chat template)",
              _patch_chat_empty_prompt),
+    Declared("local-media-without-allowed-path", "vllm.multimodal.media.connector.MediaConnector._load_file_url",
+             "fix", "any", "a file:// media URL sent to a server started without --allowed-local-media-path "
+             "raised a RuntimeError: a 500 and a dropped connection; it gets a 400 that names the flag",
+             _patch_local_media_without_flag),
 )
 DECLARED = {row.name: row for row in PATCHES}
 

@@ -57,7 +57,7 @@ def _packed_attention_kernel(
 
     # 1. the slot's cached rows: row j holds text index idx (or nothing)
     cache_base = (slot * KV_HEADS + kvh) * CAP
-    for j0 in range(0, CAP, BLOCK_N):
+    for j0 in range(0, tl.minimum(CAP, c0), BLOCK_N):  # rows past the entries held are empty
         j = j0 + tl.arange(0, BLOCK_N)
         in_cap = j < CAP
         ring_idx = last - ((last - j) % ring + ring) % ring

@@ -50,12 +50,15 @@ def packed_tiles(cu: np.ndarray, tile: int, requests: np.ndarray | None = None) 
     return req, (np.arange(int(per.sum())) - first) * tile
 
 
-def tile_classes(cu: np.ndarray, tile: int) -> dict[int, np.ndarray]:
-    """Requests by query-tile size: the next power of two of their rows, at most `tile`, so a
-    decode's K + 1 rows are not padded to a prompt chunk's tile. {tile size: requests}."""
+def tile_classes(cu: np.ndarray, tile: int, empty: np.ndarray | None = None) -> dict[tuple[int, bool], np.ndarray]:
+    """Requests by query-tile size (the next power of two of their rows, at most `tile`, so a
+    decode's K + 1 rows are not padded to a prompt chunk's tile) and by whether the host knows
+    their cache is empty (a new request reads no cache row). {(tile size, empty): requests}."""
     lens = np.diff(cu)
     size = np.minimum(tile, 1 << np.ceil(np.log2(np.maximum(lens, 1))).astype(np.int64))
-    return {int(t): np.flatnonzero((size == t) & (lens > 0)) for t in np.unique(size[lens > 0])}
+    empty = np.zeros(len(lens), dtype=bool) if empty is None else np.asarray(empty, dtype=bool)
+    keys = sorted({(int(t), bool(e)) for t, e, n in zip(size, empty, lens) if n > 0})
+    return {(t, e): np.flatnonzero((size == t) & (empty == e) & (lens > 0)) for t, e in keys}
 
 
 def band_width(longest: int, tile: int, window: int) -> int:
@@ -68,19 +71,22 @@ def band_width(longest: int, tile: int, window: int) -> int:
 
 def packed_window_attention_ref(q, k, v, k_cache, v_cache, slots, cu: np.ndarray, cache_len, count,
                                 anchors: int, window: int, ring: int, scale: float, rows: int | None = None,
-                                tile: int = TILE, group_bytes: int = GROUP_BYTES) -> torch.Tensor:
+                                tile: int = TILE, group_bytes: int = GROUP_BYTES,
+                                empty: np.ndarray | None = None) -> torch.Tensor:
     """q [N, H, D], k/v [N, kv_heads, D] packed by cu [B + 1] (host); slots, cache_len,
     count [B] (device) -> out [N, H, D]; stores the real rows in the cache.
-    rows: only the first `rows` cache rows of these slots can hold an entry (None: all)."""
+    rows: only the first `rows` cache rows of these slots can hold an entry (None: all);
+    empty [B] (host): requests whose cache_len the host knows is 0 (their tiles read no cache)."""
     N, heads, d = q.shape
     out = q.new_empty(N + 1, heads, d)  # row N: where tile rows past their request's end go
     if N == 0:
         return out[:N]
-    S = k_cache.shape[2] if rows is None else min(rows, k_cache.shape[2])
+    S_all = k_cache.shape[2] if rows is None else min(rows, k_cache.shape[2])
     dev = q.device
     host = to_device(np.concatenate([cu[:-1], np.diff(cu)]), dev)  # one copy
     starts, lens = host[: len(cu) - 1], host[len(cu) - 1 :]
-    for t, requests in tile_classes(cu, tile).items():
+    for (t, no_cache), requests in tile_classes(cu, tile, empty).items():
+        S = 0 if no_cache else S_all
         tile_req, tile_r0 = packed_tiles(cu, t, requests)
         band = band_width(int(np.diff(cu)[requests].max()), t, window)
         n_anchor = anchors if window > 0 else 0  # without a window the band starts at row 0

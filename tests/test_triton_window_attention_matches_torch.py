@@ -207,8 +207,9 @@ def test_packed_attention_equals_the_padded_reference(group, anchors, window, le
         q, k, v, kc, vc, slots, cu, cache_len, count, ring = _packed(seed, 2 if group < 7 else 1, group, 16,
                                                                      torch.float32, anchors, window, lens)
         kc_ref, vc_ref = kc.clone(), vc.clone()
+        empty = (cache_len == 0).numpy() if seed != 1 else None  # the host's "new request": no cache read
         out = packed_window_attention_ref(q, k, v, kc, vc, slots, cu, cache_len, count, anchors, window, ring,
-                                          16 ** -0.5, tile=tile, group_bytes=group_bytes)
+                                          16 ** -0.5, tile=tile, group_bytes=group_bytes, empty=empty)
         ref = _padded_reference(q, k, v, kc_ref, vc_ref, slots, cu, cache_len, count, anchors, window, ring)
         real = torch.cat([torch.arange(cu[b], cu[b] + int(count[b])) for b in range(len(lens))])
         torch.testing.assert_close(out[real], ref[real], atol=1e-5, rtol=1e-5)

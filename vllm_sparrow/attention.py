@@ -110,7 +110,7 @@ class TorchWindowAttention:
     def commit_packed(self, cache, rows, q, k, v):
         out = packed_window_attention_ref(q, k, v, cache.k, cache.v, rows.slots, rows.cu, rows.cache_len, rows.count,
                                           cache.anchors, cache.spec.window or 0, cache.ring, q.shape[-1] ** -0.5,
-                                          rows.rows)
+                                          rows.rows, empty=rows.empty)
         return out, self.chain_keys(cache, rows.slots, rows.cache_len + rows.count, rows.rows, q.dtype)
 
     @staticmethod

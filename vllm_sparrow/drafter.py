@@ -201,6 +201,7 @@ class SparrowDrafter:
         if num_draft > self.max_draft_tokens:
             raise ValueError(f"{num_draft} draft tokens asked, the drafter was sized for "
                              f"{self.max_draft_tokens}")
+        new = np.fromiter((r not in self.slot_of for r in batch.req_ids), dtype=bool, count=len(batch.req_ids))
         slot_list = [self._slot(r) for r in batch.req_ids]
         decode = batch.decode_only and int(np.diff(batch.query_start).max(initial=0)) <= num_draft + 1
         g = None if self.track_confidence or self.tree is not None else self.graphs
@@ -213,7 +214,7 @@ class SparrowDrafter:
             slots, dest = self._decode_indices(batch, slot_list, num_draft + 1)
             y_last, c_new, drafting, ctx = self._commit_decode(batch, slots, dest, num_draft + 1, rows)
         else:
-            y_last, c_new, drafting, ctx, slots = self._commit_packed(batch, slot_list, rows)
+            y_last, c_new, drafting, ctx, slots = self._commit_packed(batch, slot_list, rows, new)
         if self.tree is not None and sample is greedy:
             ids, confidence = search_chain(self, self.tree, y_last, slots, c_new, drafting, rows, num_draft)
             self.last_confidence = confidence if self.track_confidence else None
@@ -324,7 +325,7 @@ class SparrowDrafter:
         return (dev[: e[0]], dev[e[0] : e[1]], dev[e[1] : e[2]], dev[e[2] : e[3]], cu,
                 dev[e[3] : e[4]], dev[e[4] : e[5]], dev[e[5] :])
 
-    def _commit_packed(self, batch: StepBatch, slot_list: list[int], rows: int | None):
+    def _commit_packed(self, batch: StepBatch, slot_list: list[int], rows: int | None, new: np.ndarray | None = None):
         """Run the first draft forward over this step's new entries, packed (no padding between
         requests: a step where a prompt chunk joins decodes runs on the rows it has, never on
         B x the chunk's length, and reads nothing back to the host); update the slots' state.
@@ -381,7 +382,7 @@ class SparrowDrafter:
         # Token of the next item, the step's next token after the last (rows of a request are
         # contiguous, so the next packed row is the next item while there is one).
         following = torch.where(prow_off + 1 < n_items[prow_req], tok.roll(-1), batch.next_token[prow_req])
-        packed = PackedRows(slots, cu, c0, count, rows)
+        packed = PackedRows(slots, cu, c0, count, rows, new)  # a slot taken this step holds nothing
         ctx = []
 
         def attention(q, k, v):  # [N, heads | kv_heads, D]

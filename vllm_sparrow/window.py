@@ -72,6 +72,8 @@ class PackedRows:
     cache_len: torch.Tensor  # [B] int64 entries of the request in the cache before this forward
     count: torch.Tensor  # [B] int64 real rows of the request (a prefix of its rows)
     rows: int | None = None  # as WindowBatch.rows
+    # Host: requests whose cache the host knows is empty (a slot taken this step), [B] bool or None.
+    empty: np.ndarray | None = None
 
 
 class TextWindowCache:

@@ -233,7 +233,7 @@ def quick_bench(workdir):
                            window_tokens=128)
     cfg = quick(BenchConfig(target=os.path.join(DEMO_MODELS, "target"), sparrow=os.path.join(DEMO_MODELS, "sparrow"),
                             eagle=os.path.join(DEMO_MODELS, "eagle"), eagle3=os.path.join(DEMO_MODELS, "eagle3"),
-                            out=str(workdir / "bench-quick"),
+                            out=str(workdir / "bench-quick"), num_speculative_tokens=3,  # the build's replay depth
                             ablations={"untrained": str(untrained)}))
     records = run_bench(cfg)
     return cfg, {(r["method"], r["visual_tokens"], r["batch"]): r for r in records}

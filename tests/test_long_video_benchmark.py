@@ -107,6 +107,7 @@ def test_rerun_of_a_finished_run_only_rewrites_the_reports(quick_bench):
     # a finished run: the CLI only rewrites the reports (no engine is started)
     done = subprocess.run([sys.executable, "-m", "vllm_sparrow.cli", "bench", "--quick", "--out", cfg.out,
                            "--target", cfg.target, "--sparrow", cfg.sparrow, "--eagle", cfg.eagle, "--eagle3", cfg.eagle3,
+                           "--k", str(cfg.num_speculative_tokens),
                            "--ablation", f"untrained={cfg.ablations['untrained']}"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -144,3 +145,62 @@ def test_an_ablation_can_set_fields_of_the_drafts_config(tmp_path):
         (Path("models/world/sparrow") / "model.safetensors").resolve()
     with pytest.raises(ValueError, match="FIELD=VALUE"):
         speculative_config("bad", cfg)
+
+
+def _bench_config(argv):
+    """BenchConfig as `sparrow bench ARGV` builds it (no engine)."""
+    import argparse
+
+    from sparrow_world.bench.config import BenchConfig
+    from sparrow_world.commands import add_bench
+    from vllm_sparrow.cli_args import from_args
+
+    parser = argparse.ArgumentParser()
+    add_bench(parser.add_subparsers())
+    return from_args(BenchConfig, parser.parse_args(["bench", *argv]))
+
+
+def test_k_defaults_to_the_sparrow_drafts_recommended_depth_for_every_method(tmp_path):
+    """Without --k the bench drafts at the depth the Sparrow draft's config.json recommends (what
+    the plugin drafts when num_speculative_tokens is not given), and the baselines draft at that
+    same K; the settings record it. --k sets it for every method."""
+    from sparrow_world.bench.engines import speculative_config
+    from vllm_sparrow.config import SparrowConfig
+
+    shipped = "models/world/sparrow"
+    assert SparrowConfig.load(shipped).speculative_tokens == 8
+    deeper = tmp_path / "draft"
+    deeper.mkdir()
+    SparrowConfig.load(shipped).replace(speculative_tokens=5).save(deeper)
+    for argv, k in (([], 8), (["--sparrow", str(deeper)], 5), (["--k", "3"], 3)):
+        cfg = _bench_config(argv)
+        assert cfg.num_speculative_tokens == k and cfg.settings()["num_speculative_tokens"] == k
+        methods = ("sparrow", "eagle", "eagle3", "ngram")
+        assert {m: speculative_config(m, cfg)["num_speculative_tokens"] for m in methods} == dict.fromkeys(methods, k)
+
+
+def test_a_drafting_method_without_k_or_draft_is_refused_and_no_speculation_needs_neither(tmp_path):
+    import pytest
+
+    from sparrow_world.bench.engines import speculative_config
+
+    cfg = _bench_config(["--sparrow", str(tmp_path / "missing")])
+    assert cfg.num_speculative_tokens is None and speculative_config("none", cfg) is None
+    with pytest.raises(SystemExit, match="--k"):
+        speculative_config("eagle", cfg)
+
+
+def test_dtype_and_graphs_default_to_what_cpu_runs_and_can_be_set():
+    """float32 (vLLM's "auto" would downcast the float32 demo models and change the outputs), eager
+    on CPU and CUDA graphs where the device is CUDA; --dtype bfloat16 and --cuda-graphs on|off pass
+    through to the engine arguments."""
+    import torch
+
+    from sparrow_world.bench.config import enforce_eager
+
+    cfg = _bench_config([])
+    assert (cfg.dtype, cfg.cuda_graphs) == ("float32", "auto")
+    assert enforce_eager(cfg) is (not torch.cuda.is_available())
+    cfg = _bench_config(["--dtype", "bfloat16", "--cuda-graphs", "on"])
+    assert (cfg.dtype, enforce_eager(cfg)) == ("bfloat16", False)
+    assert enforce_eager(_bench_config(["--cuda-graphs", "off"])) is True

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from vllm_sparrow.cli_args import knob
-from vllm_sparrow.config import SparrowConfig
 
 METHODS = ("none", "sparrow", "eagle", "eagle3", "ngram")
 PAPER_LENGTHS = (512, 1536, 6144, 17408, 24960)  # visual tokens; ~0.5k, 1.5k, 6k, 17k, 25k
+GRAPHS = ("auto", "on", "off")
 
 
 @dataclass
@@ -25,14 +26,52 @@ class BenchConfig:
     ablations: dict[str, str] = knob(default_factory=dict, cli=False)  # name -> Sparrow draft dir
     clips_per_length: int = knob(2, "clips per length (batch size 1: one after another)", flag="--clips")
     batch_sizes: tuple[int, ...] = knob((1,), "comma separated; B > 1 submits B clips of a length together")
-    num_speculative_tokens: int = knob(SparrowConfig.speculative_tokens, "speculative tokens", flag="--k")
+    # None: the Sparrow draft's recommended depth (its config.json `speculative_tokens`), what the
+    # plugin drafts when num_speculative_tokens is not given; resolved in __post_init__ so that
+    # the settings (and the resume check) record the K actually run. Ablation drafts without
+    # their own @K draft at this K too (like for like), not at their config.json's.
+    num_speculative_tokens: int | None = knob(
+        None, "speculative tokens K of every method: Sparrow and the EAGLE / EAGLE-3 / ngram baselines all draft "
+              "at this one K, a like-for-like comparison (default: the Sparrow draft's recommended depth, its "
+              "config.json speculative_tokens, as the plugin uses when K is not given)", flag="--k")
     max_tokens: int = knob(320, "longest caption")
     seed0: int = knob(30_000_000, "first clip scene seed (disjoint from the demo models' training scenes)")
     prompt: str = knob("describe the video .", "the captioning prompt")
-    dtype: str = knob("float32", "engine dtype")
+    # float32, not vLLM's "auto": auto downcasts a float32 checkpoint (the demo models are) to
+    # bfloat16, which changes the greedy outputs the bench compares; on a GPU pass bfloat16.
+    dtype: str = knob("float32", "dtype of the target and of every draft (vLLM's --dtype; its auto would "
+                                 "downcast a float32 checkpoint such as the demo models; bfloat16 on a GPU)")
+    cuda_graphs: str = knob("auto", "CUDA graphs for the target and the drafts: auto (on where the device is "
+                                    "CUDA, off on CPU), on, off (vLLM's enforce_eager)", choices=GRAPHS)
+
+    def __post_init__(self) -> None:
+        if self.num_speculative_tokens is None:
+            self.num_speculative_tokens = recommended_depth(self.sparrow)
 
     def settings(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+
+
+def recommended_depth(draft: str | Path) -> int | None:
+    """The Sparrow draft's recommended K (its config.json `speculative_tokens`), or None where no
+    readable draft is there (a run of `--methods none` needs no K; a method that drafts is refused
+    in engines.speculative_config)."""
+    from vllm_sparrow.config import DraftConfigError, SparrowConfig
+
+    try:
+        return SparrowConfig.load(draft).speculative_tokens
+    except DraftConfigError:
+        return None
+
+
+def enforce_eager(cfg: BenchConfig) -> bool:
+    """vLLM's enforce_eager for cfg.cuda_graphs: "auto" captures graphs on CUDA only (on CPU,
+    non-eager means a torch.compile of the model, minutes for nothing measured here)."""
+    if cfg.cuda_graphs == "auto":
+        from vllm.platforms import current_platform
+
+        return not current_platform.is_cuda()
+    return cfg.cuda_graphs == "off"
 
 
 def quick(cfg: BenchConfig) -> BenchConfig:

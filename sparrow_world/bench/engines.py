@@ -1,10 +1,13 @@
 """One in-process vLLM engine per method, and what the benchmark reads out of it.
 
 Draft time is timed around the runner's `drafter.propose` (every method's proposer is called
-there). Draft cache bytes are measured, not derived: Sparrow's are the bytes of its drafter's
-ring tensors per request slot; EAGLE's are the KV blocks vLLM's scheduler holds for a request at
-its peak (read from the block pool at every schedule) times the bytes per block of the draft
-model's attention layers (read from the KV tensors vLLM bound to them).
+there), with the device synchronised on both sides on CUDA (else it would time the kernel
+launches only); per call it can also keep what the step scheduled (`keep_calls`), so a script
+can read the draft time of one chosen step. Draft cache bytes are measured, not derived:
+Sparrow's are the bytes of its drafter's ring tensors per request slot; EAGLE's are the KV blocks
+vLLM's scheduler holds for a request at its peak (read from the block pool at every schedule)
+times the bytes per block of the draft model's attention layers (read from the KV tensors vLLM
+bound to them).
 """
 
 from __future__ import annotations
@@ -17,13 +20,16 @@ from typing import Any
 
 import torch
 
-from .config import BenchConfig
+from .config import BenchConfig, enforce_eager
 
 
 def speculative_config(method: str, cfg: BenchConfig) -> dict | None:
     k = cfg.num_speculative_tokens
     if method == "none":
         return None
+    if k is None and not (method in cfg.ablations and "@" in cfg.ablations[method].split(",")[0]):
+        raise SystemExit(f"{method}: no --k given and no Sparrow draft at {cfg.sparrow!r} to take its recommended "
+                         "depth from; pass --k or --sparrow")
     if method == "sparrow":
         return {"method": "sparrow", "model": cfg.sparrow, "num_speculative_tokens": k}
     if method == "eagle":
@@ -77,19 +83,23 @@ def _draft_variant(draft: Path, dest: Path, pairs: list[str]) -> Path:
     return dest
 
 
-def open_engine(method: str, cfg: BenchConfig, max_visual_tokens: int, max_num_seqs: int = 4):
+def open_engine(method: str, cfg: BenchConfig, max_visual_tokens: int, max_num_seqs: int = 4,
+                keep_calls: bool = False, **engine_args):
+    """An in-process engine for `method` at cfg's dtype, K and graph setting, its draft timed;
+    engine_args override the LLM(...) arguments below (a script's own lengths and budgets)."""
     from vllm import LLM
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: timers reach the runner
     max_len = max_visual_tokens + 256 + cfg.max_tokens + 64  # prompt text + caption + margin
     # Every prompt of a batch prefilled in one step, so a batch's decode window (first token to
     # last) holds decode steps only, not other requests' prefills.
-    llm = LLM(model=cfg.target, dtype=cfg.dtype, enforce_eager=True, max_model_len=max_len,
-              max_num_batched_tokens=max(8192, max_len * max_num_seqs), max_num_seqs=max_num_seqs,
-              disable_log_stats=False,
-              limit_mm_per_prompt={"video": 1}, speculative_config=speculative_config(method, cfg))
+    args = dict(model=cfg.target, dtype=cfg.dtype, enforce_eager=enforce_eager(cfg), max_model_len=max_len,
+                max_num_batched_tokens=max(8192, max_len * max_num_seqs), max_num_seqs=max_num_seqs,
+                disable_log_stats=False,
+                limit_mm_per_prompt={"video": 1}, speculative_config=speculative_config(method, cfg))
+    llm = LLM(**{**args, **engine_args})
     if method != "none":
-        llm.collective_rpc(_install_draft_timer)
+        llm.collective_rpc(_install_draft_timer, kwargs={"keep_calls": keep_calls})
     return llm
 
 
@@ -99,33 +109,88 @@ def close_engine(llm) -> None:
     gc.collect()
 
 
-def _install_draft_timer(worker) -> None:
+def _install_draft_timer(worker, keep_calls: bool = False) -> None:
+    """Time every drafter.propose. On CUDA the device is synchronised before (so the call does
+    not pay for the target's queued kernels) and after (so it is not just its launches).
+    keep_calls: also keep one entry per call, with the tokens the step scheduled per request
+    (read off the scheduler output the runner drafts for: under async scheduling an engine step
+    may draft for the batch it scheduled one step earlier)."""
     runner = worker.model_runner
     drafter = runner.drafter
     if getattr(drafter, "_bench_timer", None) is not None:
         return
-    timer = {"seconds": 0.0, "calls": 0}
+    timer: dict[str, Any] = {"seconds": 0.0, "calls": 0, "log": [] if keep_calls else None}
     inner = drafter.propose
+    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
+    scheduled: dict[str, int] = {}  # request id -> tokens the step being drafted for scheduled
 
     def timed(*args, **kwargs):
-        t0 = time.perf_counter()
+        sync()
+        start = time.perf_counter()
         try:
             return inner(*args, **kwargs)
         finally:
-            timer["seconds"] += time.perf_counter() - t0
+            sync()
+            end = time.perf_counter()
+            timer["seconds"] += end - start
             timer["calls"] += 1
+            if timer["log"] is not None:
+                timer["log"].append({"start": start, "end": end, "seconds": end - start,
+                                     "scheduled": dict(scheduled)})
 
     drafter.propose = timed
     drafter._bench_timer = timer
+    if keep_calls:
+        step_inner = runner.propose_draft_token_ids
+
+        def tagged(scheduler_output, *args, **kwargs):
+            scheduled.clear()
+            scheduled.update(scheduler_output.num_scheduled_tokens)
+            return step_inner(scheduler_output, *args, **kwargs)
+
+        runner.propose_draft_token_ids = tagged  # the instance attribute shadows the method
 
 
 def _read_draft_timer(worker) -> dict:
-    timer = getattr(worker.model_runner.drafter, "_bench_timer", None)
-    return dict(timer) if timer else {"seconds": 0.0, "calls": 0}
+    timer = getattr(getattr(worker.model_runner, "drafter", None), "_bench_timer", None)
+    return {"seconds": timer["seconds"], "calls": timer["calls"]} if timer else {"seconds": 0.0, "calls": 0}
 
 
 def draft_timer(llm) -> dict:
     return llm.collective_rpc(_read_draft_timer)[0]
+
+
+def _take_draft_calls(worker) -> list[dict]:
+    timer = getattr(getattr(worker.model_runner, "drafter", None), "_bench_timer", None)
+    if not timer or timer["log"] is None:
+        return []
+    calls = list(timer["log"])
+    timer["log"].clear()
+    return calls
+
+
+def take_draft_calls(llm) -> list[dict]:
+    """The draft calls since the last take (engine opened with keep_calls=True), oldest first:
+    {start, end, seconds (perf_counter, this process), scheduled: {request id: tokens}}."""
+    return llm.collective_rpc(_take_draft_calls)[0]
+
+
+def _engine_dtypes(worker) -> dict:
+    runner = worker.model_runner
+    drafter = getattr(runner, "drafter", None)
+    model = getattr(drafter, "sparrow_model", None)  # Sparrow keeps its draft off `.model`
+    model = getattr(drafter, "model", None) if model is None else model
+    model = model.unwrap() if hasattr(model, "unwrap") else model  # out of a CUDA-graph wrapper
+    params = next(model.parameters(), None) if isinstance(model, torch.nn.Module) else None
+    return {"target": str(next(runner.get_model().parameters()).dtype).removeprefix("torch."),
+            "draft": None if params is None else str(params.dtype).removeprefix("torch.")}
+
+
+def engine_settings(llm) -> dict:
+    """What the engine runs with, read back from it: the dtypes its target and draft weights are
+    in (what --dtype reached; None: a drafter without weights, as ngram) and whether it is eager."""
+    return {"dtypes": llm.collective_rpc(_engine_dtypes)[0],
+            "enforce_eager": llm.llm_engine.vllm_config.model_config.enforce_eager}
 
 
 def _draft_kv_bytes_per_block(worker) -> int:

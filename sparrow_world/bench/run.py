@@ -10,6 +10,7 @@ end from all records.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
@@ -19,7 +20,8 @@ from pathlib import Path
 from vllm_sparrow.durable import append_jsonl, atomic_write_text, read_jsonl
 from .clips import Clip, eval_clips
 from .config import BenchConfig
-from .engines import BlockMeter, close_engine, draft_kv_bytes_per_block, draft_timer, generate_one, open_engine
+from .engines import (BlockMeter, close_engine, draft_kv_bytes_per_block, draft_timer, engine_settings, generate_one,
+                      open_engine)
 
 
 def run_bench(cfg: BenchConfig) -> list[dict]:
@@ -57,6 +59,10 @@ def run_bench(cfg: BenchConfig) -> list[dict]:
                 print(f"[bench {len(done)}/{total}] {_line(rec)}", flush=True)
         finally:
             close_engine(llm)
+            # Drop this engine before the next one opens: on one GPU whatever it still holds
+            # (vLLM's EAGLE drafter shares the target's embedding and head) would not fit twice.
+            llm = meter = None
+            gc.collect()
     records = [done[(m, n, b)] for m in methods for n, b in cells]
     compare_to_baseline(records)
     write_reports(out, records, cfg, environment())
@@ -130,6 +136,7 @@ def _finish(rec: dict, llm, method: str, before, timer0, outs: list[dict], truth
                    acceptance_length_no_bonus=accepted / drafts if drafts else None,
                    per_position=[p / drafts for p in per_pos] if drafts else None,
                    draft_ms_per_step=1000 * (timer1["seconds"] - timer0["seconds"]) / calls if calls else None)
+    rec["engine"] = engine_settings(llm)  # the dtypes and graph mode the engine really ran
     rec["kv_blocks"] = [o["kv_blocks"] for o in outs]  # vLLM's KV blocks per request at its peak
     rec["draft_kv_bytes_per_block"] = draft_kv_bytes_per_block(llm)  # in vLLM's draft layers (EAGLE)
     rec["draft_cache_bytes"] = _cache_bytes(llm, method, rec, cfg)

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .packed_window_attention_ref import packed_tiles, to_device, write_packed_rows
-from .window_attention import fold_key_tile
+from .window_attention import fold_cache_rows, fold_key_tile
 
 
 @triton.jit
@@ -55,21 +55,10 @@ def _packed_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
-    # 1. the slot's cached rows: row j holds text index idx (or nothing)
+    # 1. the slot's cached rows
     cache_base = (slot * KV_HEADS + kvh) * CAP
-    for j0 in range(0, tl.minimum(CAP, c0), BLOCK_N):  # rows past the entries held are empty
-        j = j0 + tl.arange(0, BLOCK_N)
-        in_cap = j < CAP
-        ring_idx = last - ((last - j) % ring + ring) % ring
-        idx = tl.where(j < anchors, j, ring_idx)
-        live = in_cap & (idx <= last) & ((j < anchors) | (idx >= anchors))
-        ok = live[None, :] & (idx[None, :] <= p[:, None])
-        if window > 0:
-            ok = ok & ((idx[None, :] < anchors) | (idx[None, :] > p[:, None] - window))
-        addr = (cache_base + j)[:, None] * D + offs_d[None, :]
-        kt = tl.load(kc_ptr + addr, mask=in_cap[:, None], other=0.0).to(q_ptr.dtype.element_ty)
-        vt = tl.load(vc_ptr + addr, mask=in_cap[:, None], other=0.0).to(q_ptr.dtype.element_ty)
-        acc, m_i, l_i = fold_key_tile(acc, m_i, l_i, q, kt, vt, ok, IEEE)
+    acc, m_i, l_i = fold_cache_rows(acc, m_i, l_i, q, kc_ptr, vc_ptr, cache_base, last, p, anchors, window, ring,
+                                    D, CAP, BLOCK_N, IEEE)
 
     # 2. this forward's rows: the band [lo, r0 + BLOCK_L) and, left of it, the in-step anchors
     lo = tl.where(window > 0, tl.maximum(r0 - window + 1, 0), 0)

@@ -47,6 +47,29 @@ def fold_key_tile(acc, m_i, l_i, q, kt, vt, ok, IEEE: tl.constexpr):
 
 
 @triton.jit
+def fold_cache_rows(acc, m_i, l_i, q, kc_ptr, vc_ptr, cache_base, last, p, anchors, window, ring,
+                    D: tl.constexpr, CAP: tl.constexpr, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
+    """Fold a slot's cached rows into the softmax state of queries at text indices p [BLOCK_M]:
+    row j holds text index idx (or nothing) when the slot has entries 0..last; rows past the
+    entries held (j > last) are empty and not read."""
+    offs_d = tl.arange(0, D)
+    for j0 in range(0, tl.minimum(CAP, last + 1), BLOCK_N):
+        j = j0 + tl.arange(0, BLOCK_N)
+        in_cap = j < CAP
+        ring_idx = last - ((last - j) % ring + ring) % ring
+        idx = tl.where(j < anchors, j, ring_idx)
+        live = in_cap & (idx <= last) & ((j < anchors) | (idx >= anchors))
+        ok = live[None, :] & (idx[None, :] <= p[:, None])
+        if window > 0:
+            ok = ok & ((idx[None, :] < anchors) | (idx[None, :] > p[:, None] - window))
+        addr = (cache_base + j)[:, None] * D + offs_d[None, :]
+        kt = tl.load(kc_ptr + addr, mask=in_cap[:, None], other=0.0).to(q.dtype)
+        vt = tl.load(vc_ptr + addr, mask=in_cap[:, None], other=0.0).to(q.dtype)
+        acc, m_i, l_i = fold_key_tile(acc, m_i, l_i, q, kt, vt, ok, IEEE)
+    return acc, m_i, l_i
+
+
+@triton.jit
 def _ring_attention_kernel(
         q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, out_ptr, slots_ptr, pos_ptr, valid_ptr, cache_len_ptr,
         scale, anchors, window, ring, L,
@@ -73,21 +96,10 @@ def _ring_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
 
-    # 1. the slot's cached rows: row j holds text index idx (or nothing)
+    # 1. the slot's cached rows
     cache_base = (slot * KV_HEADS + kvh) * CAP
-    for j0 in range(0, CAP, BLOCK_N):
-        j = j0 + tl.arange(0, BLOCK_N)
-        in_cap = j < CAP
-        ring_idx = last - ((last - j) % ring + ring) % ring
-        idx = tl.where(j < anchors, j, ring_idx)
-        live = in_cap & (idx <= last) & ((j < anchors) | (idx >= anchors))
-        ok = live[None, :] & (idx[None, :] <= p[:, None])
-        if window > 0:
-            ok = ok & ((idx[None, :] < anchors) | (idx[None, :] > p[:, None] - window))
-        addr = (cache_base + j)[:, None] * D + offs_d[None, :]
-        kt = tl.load(kc_ptr + addr, mask=in_cap[:, None], other=0.0).to(q_ptr.dtype.element_ty)
-        vt = tl.load(vc_ptr + addr, mask=in_cap[:, None], other=0.0).to(q_ptr.dtype.element_ty)
-        acc, m_i, l_i = fold_key_tile(acc, m_i, l_i, q, kt, vt, ok, IEEE)
+    acc, m_i, l_i = fold_cache_rows(acc, m_i, l_i, q, kc_ptr, vc_ptr, cache_base, last, p, anchors, window, ring,
+                                    D, CAP, BLOCK_N, IEEE)
 
     # 2. this forward's rows (always including the query row itself)
     for u0 in range(0, L, BLOCK_N):

@@ -201,9 +201,11 @@ class SparrowDrafter:
         if num_draft > self.max_draft_tokens:
             raise ValueError(f"{num_draft} draft tokens asked, the drafter was sized for "
                              f"{self.max_draft_tokens}")
-        new = np.fromiter((r not in self.slot_of for r in batch.req_ids), dtype=bool, count=len(batch.req_ids))
-        slot_list = [self._slot(r) for r in batch.req_ids]
         decode = batch.decode_only and int(np.diff(batch.query_start).max(initial=0)) <= num_draft + 1
+        # Packed steps: a request whose slot is taken now holds nothing in the cache (host-known).
+        new = None if decode else np.fromiter((r not in self.slot_of for r in batch.req_ids), dtype=bool,
+                                              count=len(batch.req_ids))
+        slot_list = [self._slot(r) for r in batch.req_ids]
         g = None if self.track_confidence or self.tree is not None else self.graphs
         self._confidence = []
         if decode and g is not None and sample is greedy and num_draft == g.num_draft and g.bucket(len(slot_list)):

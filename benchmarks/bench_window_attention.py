@@ -8,8 +8,10 @@ wrapped (every request has a long text history):
            where xformers is installed (the GPU requirements), its memory-efficient attention
            with a local causal mask over each request's gathered window (no anchors: a speed
            reference only);
-  mixed    B decodes beside one prompt chunk of P rows: packed_window_attention (Triton) vs the
-           packed torch path vs the padded [B + 1, P] layout the drafter used before packing.
+  mixed    B decodes beside one prompt chunk of P rows, as the drafter runs it: every row stored
+           (write_packed_rows), then each request's last entry attended as a [B + 1, 1] commit
+           (Triton or torch), against the padded [B + 1, P] layout the drafter used before
+           packing (attention for every row).
 Every timed path is first checked against the torch reference. Reports the median ms per call.
 Without a GPU the Triton kernels are not timed (the interpreter says nothing about speed) and the
 CPU numbers say nothing about GPU speed; `--quick` is the suite's smoke size.
@@ -137,23 +139,37 @@ def bench_decode(batch: int, dtype, dev, reps: int, tol: float) -> dict:
     return row
 
 
+def packed_step(attention, q, k, v, kc, vc, slots, cu, cache_len, count, ring):
+    """The drafter's mixed step: store every real row, then commit each request's last entry
+    (its only output that is read) -> [B + 1, 1, heads, D]."""
+    from vllm_sparrow_kernels.window_attention_ref import write_packed_rows
+
+    write_packed_rows(kc, vc, k, v, slots, cu, cache_len, count, A, ring)
+    last = torch.as_tensor(cu[:-1], device=q.device) + count - 1  # [B + 1] packed row of the last entry
+    pos = cache_len + count - 1  # its text index; the cache holds the entries before it
+    one = lambda x: x.index_select(0, last)[:, None]  # noqa: E731
+    return attention(one(q), one(k), one(v), kc, vc, slots, pos[:, None], torch.ones_like(pos[:, None]).bool(),
+                     pos, A, W, ring, D ** -0.5)
+
+
 def bench_mixed(batch: int, chunk: int, dtype, dev, reps: int, tol: float) -> dict:
-    from vllm_sparrow_kernels.packed_window_attention_ref import packed_window_attention_ref
+    from vllm_sparrow_kernels.window_attention_ref import ring_window_attention_ref
 
     args = mixed_inputs(batch, chunk, dtype, dev)
-    ring = args[-1]
-    call = lambda fn: fn(*_fresh(args[:9]), A, W, ring, D ** -0.5)  # noqa: E731
-    ref = call(packed_window_attention_ref)
-    torch.testing.assert_close(padded(*_fresh(args)).float(), ref.float(), atol=tol, rtol=tol)
-    row = {"step": "mixed", "batch": batch, "chunk": chunk, "rows": int(args[6][-1]),
-           "padded_rows": (batch + 1) * chunk}
-    row["torch_packed_ms"] = _time(lambda: call(packed_window_attention_ref), dev, reps)
+    cu, count = args[6], args[8]
+    last = torch.as_tensor(cu[:-1], device=dev) + count - 1
+    ref = padded(*_fresh(args)).index_select(0, last)[:, None]  # [B + 1, 1, heads, D]
+    out = packed_step(ring_window_attention_ref, *_fresh(args))
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+    row = {"step": "mixed", "batch": batch, "chunk": chunk, "rows": int(cu[-1]), "padded_rows": (batch + 1) * chunk}
+    row["torch_packed_ms"] = _time(lambda: packed_step(ring_window_attention_ref, *_fresh(args)), dev, reps)
     row["torch_padded_ms"] = _time(lambda: padded(*_fresh(args)), dev, max(1, reps // 4))
     if dev.type == "cuda":
-        from vllm_sparrow_kernels.packed_window_attention import packed_window_attention
+        from vllm_sparrow_kernels.window_attention import ring_window_attention
 
-        torch.testing.assert_close(call(packed_window_attention).float(), ref.float(), atol=tol, rtol=tol)
-        row["triton_packed_ms"] = _time(lambda: call(packed_window_attention), dev, reps)
+        torch.testing.assert_close(packed_step(ring_window_attention, *_fresh(args)).float(), ref.float(),
+                                   atol=tol, rtol=tol)
+        row["triton_packed_ms"] = _time(lambda: packed_step(ring_window_attention, *_fresh(args)), dev, reps)
     return row
 
 

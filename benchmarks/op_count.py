@@ -20,6 +20,7 @@ import statistics
 import sys
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # CPU: a fixed KV cache (no start-up free-memory check)
 
 
 def main(argv=None) -> int:

@@ -5,8 +5,6 @@ with other top-level `kernels` packages.
 
   window_attention.py              text-anchored window attention over the ring cache, cache
                                    write folded in ([B, L] layouts: decode and chained forwards)
-  window_attention_ref.py          the same in plain torch (the tests' reference, the CPU path)
-  packed_window_attention.py       the same over packed rows (steps with prompt chunks),
-                                   bounded by the window
-  packed_window_attention_ref.py   its plain torch reference (and the CPU path)
+  window_attention_ref.py          the same in plain torch (the tests' reference, the CPU path),
+                                   and the packed-row store of steps with prompt chunks
 """

@@ -12,8 +12,9 @@ It serves the fixed-shape layouts: decode and verify steps (L = K + 1) and chain
 (L = 1). Their rows fit one query tile, so the program that read the slot's rows also stores the
 forward's rows afterwards: no other program touches that (slot, kv head), so the write needs no
 second launch (a longer layout is written by a second launch after every tile has read the
-cache). Steps with prompt chunks go through packed_window_attention.py, whose in-step loop is
-bounded by the window.
+cache). Steps with prompt chunks store their packed rows with one torch scatter
+(window_attention_ref.write_packed_rows) and attend only each request's last entry, as a
+[B, 1] layout through this kernel.
 Set TRITON_INTERPRET=1 before importing to run on CPU (tests).
 """
 

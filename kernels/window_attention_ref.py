@@ -12,13 +12,16 @@ the forward. A row at index p attends to
   - cached entries i < cache_len with i < A or i > p - W, and
   - this forward's valid rows at indices i <= p with i < A or i > p - W (and always itself),
 then the forward's valid rows are stored: anchors, and the last R indices of the forward
-(a prompt chunk longer than the ring keeps only what any later query can read).
+(a prompt chunk longer than the ring keeps only what any later query can read). Steps with
+prompt chunks store their packed rows with write_packed_rows (no attention: only each request's
+last entry is attended, as a [B, 1] forward).
 W = 0 means no window (every earlier index). Nothing here imports the package: the kernels
 and their reference stand alone.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -76,6 +79,21 @@ def ring_write_ref(k_cache, v_cache, slots, pos, valid, k, v, anchors: int, ring
     slot = slots[:, None].expand_as(pos)  # [B, L]
     ring_write_rows(k_cache, v_cache, slot.flatten(), pos.flatten(), keep.flatten(), k.flatten(0, 1),
                     v.flatten(0, 1), anchors, ring)
+
+
+def write_packed_rows(k_cache, v_cache, k, v, slots, cu: np.ndarray, cache_len, count, anchors: int,
+                      ring: int) -> None:
+    """Store packed rows (request b owns rows cu[b]:cu[b + 1] of k/v [N, kv_heads, D], its row j
+    the entry at text index cache_len[b] + j, real when j < count[b]; cu on the host): each
+    request's real rows that a later query can read, its anchors and its last R."""
+    lens = np.diff(cu)
+    row_req_host = np.repeat(np.arange(len(lens)), lens)  # [N]
+    host = torch.from_numpy(np.concatenate([row_req_host, np.arange(k.shape[0]) - cu[:-1][row_req_host]]))
+    host = host.pin_memory().to(k.device, non_blocking=True) if k.is_cuda else host.to(k.device)  # no sync
+    row_req, j = host[: k.shape[0]], host[k.shape[0] :]  # request of each row, row within it
+    c0, cnt = cache_len.index_select(0, row_req), count.index_select(0, row_req)
+    keep = (j < cnt) & ((c0 + j < anchors) | (j > cnt - 1 - ring))
+    ring_write_rows(k_cache, v_cache, slots.index_select(0, row_req), c0 + j, keep, k, v, anchors, ring)
 
 
 def ring_write_rows(k_cache, v_cache, slot, pos, keep, k, v, anchors: int, ring: int) -> None:

@@ -1,5 +1,5 @@
 """benchmarks/bench_window_attention.py runs at smoke size: every path it times is checked against
-the torch reference first (the packed torch path and the padded layout on CPU; the Triton kernels
+the torch reference first (the packed step and the padded layout on CPU; the Triton kernel
 and xformers too on a GPU), and it writes one row per step shape."""
 
 import json

@@ -1,16 +1,17 @@
 """A step where prompt chunks join decoding requests runs the draft on the rows it has.
 
 Packed rows (drafter._commit_packed): request after request, each bounded by its text rows, never
-B x the longest chunk. Pinned three ways:
+B x the longest chunk; every row is projected and stored, attention and the MLP run for each
+request's last entry only. Pinned three ways:
 - at a 7B draft's width (hidden 3584, 28/4 heads of 128, vocab 152k) and a GPU-sized step (255
-  requests decoding beside an 8k-row video prompt chunk) on the meta device: the draft forward
-  runs on the packed rows only, and nothing is read back from the device (meta tensors have no
-  values, so any host read raises);
+  requests decoding beside an 8k-row video prompt chunk) on the meta device: the projections run
+  on the packed rows only, attention and the MLP on one row per request, and nothing is read back
+  from the device (meta tensors have no values, so any host read raises);
 - a long text prompt (600 and 3,000 tokens) arriving while 16 video requests decode, in a real
   vLLM engine: greedy output equals the target's without speculation, token for token, and every
   step's drafts (those carrying the chunks among them) equal the training model's dense
   recomputation (tests/dense_reference.py), so a draft bug cannot hide behind the verifier;
-- the packed attention equals the padded dense one (tests/test_triton_window_attention_matches_torch.py).
+- the packed store writes what the padded layout writes (tests/test_triton_window_attention_matches_torch.py).
 """
 
 import numpy as np
@@ -27,7 +28,8 @@ K = 3
 
 
 class _RowCounter:
-    """The serving layer, counting the rows of every draft forward."""
+    """The serving layer, counting the rows of every draft forward and of its halves
+    (project: up to attention; finish: attention output -> next state)."""
 
     def __init__(self, layer):
         self.layer, self.rows = layer, []
@@ -36,8 +38,16 @@ class _RowCounter:
         return getattr(self.layer, name)
 
     def __call__(self, hidden, embeds, positions, attend):
-        self.rows.append(hidden.shape[0])
+        self.rows.append(("forward", hidden.shape[0]))
         return self.layer(hidden, embeds, positions, attend)
+
+    def project(self, hidden, embeds, positions):
+        self.rows.append(("project", hidden.shape[0]))
+        return self.layer.project(hidden, embeds, positions)
+
+    def finish(self, x, attn):
+        self.rows.append(("finish", x.shape[0]))
+        return self.layer.finish(x, attn)
 
 
 def test_a_video_chunk_beside_255_decodes_runs_the_draft_on_its_own_rows_at_7b_width():
@@ -70,8 +80,10 @@ def test_a_video_chunk_beside_255_decodes_runs_the_draft_on_its_own_rows_at_7b_w
     ids, probs = drafter.step(batch, K)
     assert ids.shape == (B, K) and ids.device == meta and probs is None
     packed = decodes * (K + 2) + chunk_text + 1  # each request's text rows + 1 for a pending state
-    assert counter.rows[0] == packed, counter.rows  # not B x the chunk (2 million rows)
-    assert counter.rows[1:] == [B] * (K - 1)  # the chained forwards: one row per request
+    # Projected (and stored) on the packed rows, not B x the chunk (2 million rows); attention and
+    # the MLP on one row per request (the draft is one layer: only the last entry's output is read);
+    # then the chained forwards, one row per request.
+    assert counter.rows == [("project", packed), ("finish", B)] + [("forward", B)] * (K - 1), counter.rows
 
 
 # ---- a long text prompt joins 16 video decodes, in a real engine -----------------------------
@@ -214,6 +226,6 @@ def test_the_profile_step_leaves_every_request_as_it_was():
     state, cache_k = drafter.state.clone(), drafter.cache.k[:-1].clone()
     counter = drafter.layer = _RowCounter(drafter.layer)
     rows = drafter.profile_step(num_tokens=500, num_requests=4, num_draft=K)  # chunks past the RoPE table split
-    assert counter.rows[0] == rows >= 500 + 4  # every row text, one more per request (a pending state)
+    assert counter.rows[0] == ("project", rows) and rows >= 500 + 4  # every row text, + 1 per request (pending)
     assert torch.equal(drafter.state[:-1], state[:-1]) and torch.equal(drafter.cache.k[:-1], cache_k)
     assert drafter.stats()["live_requests"] == ["a"]

@@ -1,13 +1,13 @@
-"""The Triton window-attention kernels equal their torch references, and the packed layout (steps
-with prompt chunks) equals the padded one.
+"""The Triton window-attention kernel equals its torch reference, and the packed store (steps
+with prompt chunks) writes what the padded layout writes.
 
 Under the Triton interpreter, over randomised batches: fresh and long histories that wrapped the
 ring, padding rows, windows larger and smaller than the rows, anchors overlapping the window,
 one and several query tiles, GQA ratios 1/2/4/7, head dims 32/64, fp32 and fp16 (the
 interpreter computes bf16 wrongly, so bf16 is left to GPU runs). On a CUDA machine the same
 cases also run compiled, in fp16 and bf16 (tensor-core dot products, fp32 accumulation).
-The packed torch path (the CPU path of mixed steps, tiled and bounded by the window) is checked
-against the padded [B, L] reference directly, without Triton."""
+The packed store is checked against the padded [B, L] write directly, without Triton; the
+drafter's packed steps (prompt chunks) run through both backends."""
 
 import os
 import subprocess
@@ -22,11 +22,9 @@ CHILD = os.environ.get("SPARROW_TRITON_CHILD") == "1"
 child_only = pytest.mark.skipif(not CHILD, reason="runs inside test_kernels_under_the_interpreter")
 
 import numpy as np
-from vllm_sparrow_kernels.packed_window_attention_ref import packed_window_attention_ref
-from vllm_sparrow_kernels.window_attention_ref import ring_window_attention_ref
+from vllm_sparrow_kernels.window_attention_ref import ring_window_attention_ref, ring_write_ref, write_packed_rows
 
 if CHILD:
-    from vllm_sparrow_kernels.packed_window_attention import packed_window_attention
     from vllm_sparrow_kernels.window_attention import ring_window_attention
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3}
@@ -41,7 +39,7 @@ def test_kernels_under_the_interpreter():
     import re
 
     passed = re.search(r"(\d+) passed", run.stdout)
-    assert passed and int(passed.group(1)) >= 16, run.stdout[-2000:]  # every kernel test ran
+    assert passed and int(passed.group(1)) >= 11, run.stdout[-2000:]  # every kernel test ran
 
 
 def _batch(seed, kv_heads, group, d, dtype, anchors, window, L):
@@ -104,7 +102,8 @@ def test_empty_batch_is_a_no_op():
 
 @child_only
 def test_drafter_on_the_triton_backend_drafts_like_the_torch_backend():
-    """The serving drafter, prefill then three verify steps, through both backends."""
+    """The serving drafter through both backends: two requests prefilled in one packed step (a
+    chunk and a short prompt), then three verify steps."""
     from vllm_sparrow.attention import TorchWindowAttention, TritonWindowAttention
     from vllm_sparrow.config import SparrowConfig
     from vllm_sparrow.drafter import SparrowDrafter, StepBatch
@@ -135,8 +134,12 @@ def test_drafter_on_the_triton_backend_drafts_like_the_torch_backend():
             return lg.argmax(-1), None
 
         lo, c = 0, 9
-        for step in range(4):
-            batch = StepBatch.from_lists(["a"], tokens[lo:c], hidden[lo:c], [0], [c - lo], [lo], [9], tokens[c:c + 1], [False])
+        for step in range(4):  # request "a" reads tokens lo:c; "b" its first 4 tokens reversed, then decodes
+            b_rows = tokens[:4].flip(0) if step == 0 else tokens[c - 1:c]
+            batch = StepBatch.from_lists(["a", "b"], torch.cat([tokens[lo:c], b_rows]),
+                                         torch.cat([hidden[lo:c], hidden[20:20 + len(b_rows)]]), [0, c - lo],
+                                         [c - lo, len(b_rows)], [lo, 0 if step == 0 else 3 + step], [9, 4],
+                                         tokens[c:c + 2], [False, False])
             drafter.step(batch, 3, sample)
             lo, c = c, c + 1 + step  # accept `step` drafts each time
         seen[backend.name] = torch.cat(logits)
@@ -161,9 +164,9 @@ def test_backend_choice_follows_the_device_and_the_environment(monkeypatch):
 
 # ---- packed rows (steps with prompt chunks) -------------------------------------------------
 
-def _packed(seed, kv_heads, group, d, dtype, anchors, window, lens):
-    """Requests of `lens` rows packed back to back, random histories; each request's last row is
-    a discarded query (a pending state) for every other request."""
+def _packed(seed, kv_heads, d, anchors, window, lens):
+    """Requests of `lens` rows packed back to back over random histories; every other request
+    has a discarded last row (a pending state)."""
     g = torch.Generator().manual_seed(seed)
     B, num_slots = len(lens), len(lens) + 2
     ring = (window or 60) + 3
@@ -175,64 +178,35 @@ def _packed(seed, kv_heads, group, d, dtype, anchors, window, lens):
     count = torch.tensor([max(0, n - (b % 2)) for b, n in enumerate(lens)])
     N = int(cu[-1])
     shape = (num_slots + 1, kv_heads, cap, d)
-    k_cache, v_cache = torch.randn(shape, generator=g).to(dtype), torch.randn(shape, generator=g).to(dtype)
-    q = torch.randn(N, kv_heads * group, d, generator=g).to(dtype)
-    k, v = torch.randn(N, kv_heads, d, generator=g).to(dtype), torch.randn(N, kv_heads, d, generator=g).to(dtype)
-    return q, k, v, k_cache, v_cache, slots, cu, cache_len, count, ring
+    k_cache, v_cache = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+    k, v = torch.randn(N, kv_heads, d, generator=g), torch.randn(N, kv_heads, d, generator=g)
+    return k, v, k_cache, v_cache, slots, cu, cache_len, count, ring
 
 
-def _padded_reference(q, k, v, k_cache, v_cache, slots, cu, cache_len, count, anchors, window, ring):
-    """The packed rows laid out [B, L] and run through ring_window_attention_ref -> [N, H, D]."""
-    lens = np.diff(cu)
-    B, L = len(lens), max(1, int(lens.max()))
-    pad = lambda x: torch.stack([torch.cat([x[cu[b]:cu[b + 1]], x.new_zeros(L - lens[b], *x.shape[1:])])  # noqa: E731
-                                 for b in range(B)])
-    pos = cache_len[:, None] + torch.arange(L)[None, :]
-    valid = torch.arange(L)[None, :] < count[:, None]
-    out = ring_window_attention_ref(pad(q), pad(k), pad(v), k_cache, v_cache, slots, pos, valid, cache_len,
-                                    anchors, window, ring, q.shape[-1] ** -0.5)
-    return torch.cat([out[b, : lens[b]] for b in range(B)])
-
-
-# (GQA group, anchors A, window W (0 = all), rows per request): chunks longer and shorter than
-# the window and the tile, empty requests, decode-sized requests beside a chunk.
-PACKED = [(2, 2, 3, [5, 0, 30, 1]), (1, 0, 0, [7, 40, 3]), (4, 4, 6, [70, 9, 2, 1]), (7, 3, 100, [1, 2, 3]),
-          (2, 6, 2, [37, 37]), (1, 2, 5, [4, 4, 4, 4, 130])]
+# (anchors A, window W (0 = all), rows per request): chunks longer and shorter than the ring,
+# empty requests, decode-sized requests beside a chunk.
+PACKED = [(2, 3, [5, 0, 30, 1]), (0, 0, [7, 40, 3]), (4, 6, [70, 9, 2, 1]), (3, 100, [1, 2, 3]),
+          (6, 2, [37, 37]), (2, 5, [4, 4, 4, 4, 130])]
 
 
 @pytest.mark.skipif(CHILD, reason="torch only: runs in the parent")
-@pytest.mark.parametrize("group,anchors,window,lens", PACKED)
-def test_packed_attention_equals_the_padded_reference(group, anchors, window, lens):
-    for seed, tile, group_bytes in ((0, 4, 1 << 30), (1, 8, 20_000), (2, 64, 1 << 30)):  # 20 kB: many SDPA groups
-        q, k, v, kc, vc, slots, cu, cache_len, count, ring = _packed(seed, 2 if group < 7 else 1, group, 16,
-                                                                     torch.float32, anchors, window, lens)
-        kc_ref, vc_ref = kc.clone(), vc.clone()
-        empty = (cache_len == 0).numpy() if seed != 1 else None  # the host's "new request": no cache read
-        out = packed_window_attention_ref(q, k, v, kc, vc, slots, cu, cache_len, count, anchors, window, ring,
-                                          16 ** -0.5, tile=tile, group_bytes=group_bytes, empty=empty)
-        ref = _padded_reference(q, k, v, kc_ref, vc_ref, slots, cu, cache_len, count, anchors, window, ring)
-        real = torch.cat([torch.arange(cu[b], cu[b] + int(count[b])) for b in range(len(lens))])
-        torch.testing.assert_close(out[real], ref[real], atol=1e-5, rtol=1e-5)
-        assert torch.isfinite(out).all()  # discarded rows too: they go on through the draft layer
-        live = slice(0, kc.shape[0] - 1)
-        assert torch.equal(kc[live], kc_ref[live]) and torch.equal(vc[live], vc_ref[live])
-
-
-@child_only
-@pytest.mark.parametrize("group,anchors,window,lens", PACKED)
-@pytest.mark.parametrize("dtype", [F32, F16])
-def test_packed_kernel_equals_the_reference(group, anchors, window, lens, dtype):
-    q, k, v, kc, vc, slots, cu, cache_len, count, ring = _packed(3, 2 if group < 7 else 1, group, 32, dtype,
-                                                                 anchors, window, lens)
-    kc_ref, vc_ref = kc.clone(), vc.clone()
-    out = packed_window_attention(q, k, v, kc, vc, slots, cu, cache_len, count, anchors, window, ring, 32 ** -0.5,
-                                  block_n=8)
-    ref = packed_window_attention_ref(q, k, v, kc_ref, vc_ref, slots, cu, cache_len, count, anchors, window, ring,
-                                      32 ** -0.5)
-    real = torch.cat([torch.arange(cu[b], cu[b] + int(count[b])) for b in range(len(lens))])
-    torch.testing.assert_close(out[real], ref[real], atol=TOL[dtype], rtol=TOL[dtype])
+@pytest.mark.parametrize("anchors,window,lens", PACKED)
+def test_packed_store_writes_what_the_padded_layout_writes(anchors, window, lens):
+    """write_packed_rows (steps with prompt chunks) leaves every live slot as the [B, L] write of
+    the same rows does (ring_write_ref: anchors and the last R real rows of each request)."""
+    k, v, kc, vc, slots, cu, cache_len, count, ring = _packed(len(lens), 2, 16, anchors, window, lens)
+    kc_ref, vc_ref, before = kc.clone(), vc.clone(), kc.clone()
+    write_packed_rows(kc, vc, k, v, slots, cu, cache_len, count, anchors, ring)
+    n = np.diff(cu)
+    L = max(1, int(n.max()))
+    pad = lambda x: torch.stack([torch.cat([x[cu[b]:cu[b + 1]], x.new_zeros(L - n[b], *x.shape[1:])])  # noqa: E731
+                                 for b in range(len(n))])
+    pos = cache_len[:, None] + torch.arange(L)[None, :]
+    ring_write_ref(kc_ref, vc_ref, slots, pos, torch.arange(L)[None, :] < count[:, None], pad(k), pad(v), anchors,
+                   ring)
     live = slice(0, kc.shape[0] - 1)  # rows not kept all go to the sink slot (last write wins)
     assert torch.equal(kc[live], kc_ref[live]) and torch.equal(vc[live], vc_ref[live])
+    assert not torch.equal(kc[live], before[live])  # it wrote
 
 
 CUDA = torch.cuda.is_available()
@@ -243,19 +217,9 @@ CUDA = torch.cuda.is_available()
 def test_compiled_kernels_equal_the_reference_in_half_precision(dtype):
     """Compiled (no interpreter), at 7B head shapes (28/4 heads of 128): tensor-core dot products
     in the input dtype with fp32 accumulation against the fp32 reference of the same inputs."""
-    from vllm_sparrow_kernels.packed_window_attention import packed_window_attention
     from vllm_sparrow_kernels.window_attention import ring_window_attention
 
     tol = 2e-2 if dtype == torch.bfloat16 else 5e-3
-    q, k, v, kc, vc, slots, cu, cache_len, count, ring = [
-        x.cuda() if isinstance(x, torch.Tensor) else x
-        for x in _packed(4, 4, 7, 128, dtype, 4, 512, [4, 4, 3, 2000, 1, 700])]
-    kc32, vc32 = kc.float(), vc.float()
-    out = packed_window_attention(q, k, v, kc, vc, slots, cu, cache_len, count, 4, 512, ring, 128 ** -0.5)
-    ref = packed_window_attention_ref(q.float(), k.float(), v.float(), kc32, vc32, slots, cu, cache_len, count, 4,
-                                      512, ring, 128 ** -0.5)
-    real = torch.cat([torch.arange(cu[b], cu[b] + int(count[b])) for b in range(len(cu) - 1)]).cuda()
-    torch.testing.assert_close(out[real].float(), ref[real], atol=tol, rtol=tol)
     for group, d, L in ((7, 128, 4), (7, 128, 1), (1, 64, 9)):
         qb, kb, vb, kcb, vcb, sl, pos, valid, cl, rg = [x.cuda() if isinstance(x, torch.Tensor) else x
                                                       for x in _batch(5, 4 if group == 7 else 2, group, d, dtype,

@@ -1,7 +1,7 @@
 """Text-anchored window attention over the draft's ring cache (window.py).
 
-One interface, `WindowAttentionBackend` (commit, then chain), called once per draft forward for
-the whole batch, with a plain torch implementation that runs on every device (the reference for the
+One interface, `WindowAttentionBackend` (store_packed on steps with prompt chunks, commit, then
+chain), called once per draft forward for the whole batch, with a plain torch implementation that runs on every device (the reference for the
 Triton kernels, which plug in behind the same interface on CUDA). Default: triton on CUDA, torch
 elsewhere; SPARROW_ATTENTION_BACKEND=torch|triton overrides it (triton off CUDA only under the
 Triton interpreter, TRITON_INTERPRET=1: tests).
@@ -15,8 +15,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from vllm_sparrow_kernels.packed_window_attention_ref import packed_window_attention_ref
-from vllm_sparrow_kernels.window_attention_ref import key_visible, ring_stored_index, ring_write_ref
+from vllm_sparrow_kernels.window_attention_ref import key_visible, ring_stored_index, ring_write_ref, write_packed_rows
 
 from .window import PackedRows, TextWindowCache, WindowBatch
 
@@ -39,16 +38,15 @@ class WindowAttentionBackend(Protocol):
         store this forward's valid rows in the cache."""
         ...
 
-    def commit_packed(
+    def store_packed(
         self,
         cache: TextWindowCache,
         rows: PackedRows,
-        q: torch.Tensor,  # [N, heads, head_dim]
         k: torch.Tensor,  # [N, kv_heads, head_dim]
         v: torch.Tensor,  # [N, kv_heads, head_dim]
-    ) -> tuple[torch.Tensor, Any]:  # out [N, heads, head_dim], context for chain()
-        """commit() on packed rows (a step with prompt chunks): the same attention and store,
-        bounded by the window whatever the chunks' lengths."""
+    ) -> None:
+        """Store the real rows of a packed step (prompt chunks beside decodes) that a later query
+        can read, before the step's last entries are committed: one scatter, no attention."""
         ...
 
     def chain(self, cache: TextWindowCache, ctx: Any, wb: WindowBatch, q, k, v) -> torch.Tensor:
@@ -107,25 +105,9 @@ class TorchWindowAttention:
         ring_write_ref(cache.k, cache.v, wb.slots, wb.pos, wb.valid, k, v, A, cache.ring)
         return out.transpose(1, 2), _StepKeys(keys, values, mask[:, :, L:], kc.shape[2] + L)
 
-    def commit_packed(self, cache, rows, q, k, v):
-        out = packed_window_attention_ref(q, k, v, cache.k, cache.v, rows.slots, rows.cu, rows.cache_len, rows.count,
-                                          cache.anchors, cache.spec.window or 0, cache.ring, q.shape[-1] ** -0.5,
-                                          rows.rows, empty=rows.empty)
-        return out, self.chain_keys(cache, rows.slots, rows.cache_len + rows.count, rows.rows, q.dtype)
-
-    @staticmethod
-    def chain_keys(cache, slots, c_new, rows: int | None, dtype) -> _StepKeys:
-        """The chained forwards' keys read from the cache after a commit: the slots' committed
-        rows (each holds the newest entry of its ring position, so every chained query's window
-        is there: R = W + K) and C columns for the chained entries."""
-        A, W, C = cache.anchors, cache.spec.window or 0, cache.lookahead - 1
-        S = cache.capacity if rows is None else min(rows, cache.capacity)
-        kc, vc = cache.k[:, :, :S].index_select(0, slots), cache.v[:, :, :S].index_select(0, slots)  # [B, kv, S, D]
-        pad = kc.new_zeros(kc.shape[0], kc.shape[1], C, kc.shape[3])
-        keys, values = torch.cat([kc, pad], 2).to(dtype), torch.cat([vc, pad], 2).to(dtype)  # [B, kv, S + C, D]
-        chain_pos = c_new[:, None] + torch.arange(C, device=c_new.device)  # [B, C]
-        key_idx = torch.cat([ring_stored_index(c_new, A, cache.ring, S), chain_pos], 1)  # [B, S + C]
-        return _StepKeys(keys, values, key_visible(key_idx, chain_pos, A, W)[:, None], S)
+    def store_packed(self, cache, rows, k, v):
+        write_packed_rows(cache.k, cache.v, k, v, rows.slots, rows.cu, rows.cache_len, rows.count, cache.anchors,
+                          cache.ring)
 
     def chain(self, cache, ctx, wb, q, k, v):
         col, s = ctx.col0 + ctx.step, ctx.step
@@ -142,25 +124,23 @@ class TritonWindowAttention:
     """kernels/window_attention.py for the fixed layouts (decode and chained forwards): one
     launch per draft forward, one program per (request, kv head, query tile) so the query heads
     of a group share their key reads, the cache write folded into the attention launch; chained
-    forwards write their scratch entries into the cache and read them back from there.
-    kernels/packed_window_attention.py for packed steps: one program per (query tile, kv head),
-    its in-step keys bounded by the window, then one scatter writes the cache."""
+    forwards write their scratch entries into the cache and read them back from there. Packed
+    steps store their rows with the same torch scatter as the torch path (a scatter is what a
+    kernel would do too) and commit their last entries through the kernel."""
 
     name = "triton"
 
     def __init__(self) -> None:
-        from vllm_sparrow_kernels import packed_window_attention, window_attention
+        from vllm_sparrow_kernels import window_attention
 
-        self.kernels, self.packed = window_attention, packed_window_attention
+        self.kernels = window_attention
 
     def commit(self, cache, wb, q, k, v):
         return self._attend(cache, wb, q, k, v), None
 
-    def commit_packed(self, cache, rows, q, k, v):
-        return self.packed.packed_window_attention(
-            q, k, v, cache.k, cache.v, rows.slots, rows.cu, rows.cache_len, rows.count,
-            anchors=cache.anchors, window=cache.spec.window or 0, ring=cache.ring,
-            scale=q.shape[-1] ** -0.5), None
+    def store_packed(self, cache, rows, k, v):  # a scatter: torch's is what a kernel would do
+        write_packed_rows(cache.k, cache.v, k, v, rows.slots, rows.cu, rows.cache_len, rows.count, cache.anchors,
+                          cache.ring)
 
     def chain(self, cache, ctx, wb, q, k, v):
         return self._attend(cache, wb, q, k, v)

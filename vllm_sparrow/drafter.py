@@ -15,7 +15,9 @@ maps request ids to slots), the whole batch goes through every draft forward tog
 nothing is read back to the host. A step where every request decodes is one fixed [B, K + 1]
 layout (what CUDA graphs capture); a step that carries prompt chunks packs its rows request
 after request, each request bounded by the text rows the host counts, so a 3,000-token prompt
-joining 16 decodes runs the draft on ~3,000 + 16 x (K + 1) rows, not 17 x 3,000.
+joining 16 decodes projects ~3,000 + 16 x (K + 2) rows, not 17 x 3,000, and runs attention and
+the MLP on 17 (each request's last entry: the draft is one layer, and only that entry's output
+is read).
 """
 
 from __future__ import annotations
@@ -202,9 +204,6 @@ class SparrowDrafter:
             raise ValueError(f"{num_draft} draft tokens asked, the drafter was sized for "
                              f"{self.max_draft_tokens}")
         decode = batch.decode_only and int(np.diff(batch.query_start).max(initial=0)) <= num_draft + 1
-        # Packed steps: a request whose slot is taken now holds nothing in the cache (host-known).
-        new = None if decode else np.fromiter((r not in self.slot_of for r in batch.req_ids), dtype=bool,
-                                              count=len(batch.req_ids))
         slot_list = [self._slot(r) for r in batch.req_ids]
         g = None if self.track_confidence or self.tree is not None else self.graphs
         self._confidence = []
@@ -216,7 +215,7 @@ class SparrowDrafter:
             slots, dest = self._decode_indices(batch, slot_list, num_draft + 1)
             y_last, c_new, drafting, ctx = self._commit_decode(batch, slots, dest, num_draft + 1, rows)
         else:
-            y_last, c_new, drafting, ctx, slots = self._commit_packed(batch, slot_list, rows, new)
+            y_last, c_new, drafting, ctx, slots = self._commit_packed(batch, slot_list, rows)
         if self.tree is not None and sample is greedy:
             ids, confidence = search_chain(self, self.tree, y_last, slots, c_new, drafting, rows, num_draft)
             self.last_confidence = confidence if self.track_confidence else None
@@ -327,10 +326,12 @@ class SparrowDrafter:
         return (dev[: e[0]], dev[e[0] : e[1]], dev[e[1] : e[2]], dev[e[2] : e[3]], cu,
                 dev[e[3] : e[4]], dev[e[4] : e[5]], dev[e[5] :])
 
-    def _commit_packed(self, batch: StepBatch, slot_list: list[int], rows: int | None, new: np.ndarray | None = None):
-        """Run the first draft forward over this step's new entries, packed (no padding between
-        requests: a step where a prompt chunk joins decodes runs on the rows it has, never on
-        B x the chunk's length, and reads nothing back to the host); update the slots' state.
+    def _commit_packed(self, batch: StepBatch, slot_list: list[int], rows: int | None):
+        """Commit this step's new entries, packed (no padding between requests: a step where a
+        prompt chunk joins decodes runs on the rows it has, never on B x the chunk's length, and
+        reads nothing back to the host); update the slots' state. Every entry is projected and
+        stored; attention and the MLP run for each request's last entry only (the one drafting
+        starts from).
 
         Worked example, two requests (V: a visual placeholder row; every row valid):
           request 0: rows x5 V V x6, next token x7, nothing pending, 10 entries committed
@@ -349,7 +350,8 @@ class SparrowDrafter:
           packed           h5 h6 pad | h2 h3 h4    tokens x5 x6 . | .  x3 x4
           following        x6 x7 .   | x3 x4 x5
         so request 0 commits (h5, x6) (h6, x7) at text indices 10 11 and request 1 commits
-        (h2, x3) (h3, x4) (h4, x5) at 3 4 5; each drafts from the output of its last entry.
+        (h2, x3) (h3, x4) (h4, x5) at 3 4 5; each drafts from the output of its last entry
+        (packed rows 1 and 5: last = starts + count - 1).
         Had request 1's prompt continued (mid-prefill), x5 would be unknown: h4 would stay
         pending and only 2 entries would be committed.
         """
@@ -384,15 +386,20 @@ class SparrowDrafter:
         # Token of the next item, the step's next token after the last (rows of a request are
         # contiguous, so the next packed row is the next item while there is one).
         following = torch.where(prow_off + 1 < n_items[prow_req], tok.roll(-1), batch.next_token[prow_req])
-        packed = PackedRows(slots, cu, c0, count, rows, new)  # a slot taken this step holds nothing
-        ctx = []
-
-        def attention(q, k, v):  # [N, heads | kv_heads, D]
-            out, chain_ctx = self.backend.commit_packed(self.cache, packed, q, k, v)
-            ctx.append(chain_ctx)
-            return out
-
-        y = self.layer(hid, self.io.embed(following), c0[prow_req] + prow_off, attention)  # [N, H]
+        # Every entry's K/V is stored, but only the last committed entry's output is read (the
+        # draft is one layer, and drafting starts from that entry): the packed rows run up to
+        # attention, their real rows go to the cache, and the last entry of each request is
+        # committed like a decode row, one row per request, attention and MLP included.
+        x, q, k, v = self.layer.project(hid, self.io.embed(following), c0[prow_req] + prow_off)  # [N, ...]
+        self.backend.store_packed(self.cache, PackedRows(slots, cu, c0, count), k, v)
+        last = (starts + count - 1).clamp(min=0, max=N - 1)  # [B] packed row of the last entry
+        pos = c0 + (count - 1).clamp(min=0)  # [B] its text index (count 0: a row nothing reads)
+        # cache_len = pos: the cache holds the entries before it (the ring row the write gave the
+        # last entry reads as an older index, outside its window; the commit rewrites it, same K/V).
+        wb = WindowBatch(slots, pos[:, None], (count > 0)[:, None], pos, rows)
+        attn, ctx = self.backend.commit(self.cache, wb, q.index_select(0, last)[:, None],
+                                        k.index_select(0, last)[:, None], v.index_select(0, last)[:, None])
+        y_last = self.layer.finish(x.index_select(0, last), attn[:, 0])  # [B, H]
 
         # State after this step (slots are distinct within a batch).
         keep_pending = ~nt & (n_items > 0)
@@ -400,8 +407,7 @@ class SparrowDrafter:
         self.pending[slots] = torch.where(keep_pending[:, None], last_item, self.pending[slots])
         c_new = c0 + count
         self.state[slots] = torch.stack([c_new, batch.seq_start + batch.num_valid, keep_pending.long()], 1)
-        y_last = y[(starts + count - 1).clamp(min=0, max=N - 1)]  # [B, H]
-        return y_last, c_new, nt & (count > 0), ctx[0], slots
+        return y_last, c_new, nt & (count > 0), ctx, slots
 
     def _forward(self, hidden, tokens, wb: WindowBatch, attention) -> torch.Tensor:
         """One draft forward over a [B, L] layout; returns [B * L, hidden].

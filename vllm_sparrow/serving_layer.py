@@ -12,7 +12,9 @@ the batch size:
   composite of six ops, vLLM's one), torch elsewhere (e.g. the meta device).
 
 Attention is injected as in the training model (`attend(q, k, v)`), so the window cache and its
-backends stay outside this file.
+backends stay outside this file. The forward is also offered in two halves, `project` (every
+entry's residual, q, k, v) and `finish` (attention output -> next state), for steps that store
+many entries but read the output of few.
 """
 
 from __future__ import annotations
@@ -166,6 +168,13 @@ class SparrowServingLayer:
         positions: torch.Tensor,  # [N] text index of each entry (< max_positions)
         attend: Attend,
     ) -> torch.Tensor:  # [N, H] predicted normalised state of the next token
+        x, q, k, v = self.project(target_hidden, next_embeds, positions)
+        return self.finish(x, attend(q, k, v))
+
+    def project(self, target_hidden: torch.Tensor, next_embeds: torch.Tensor, positions: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The forward up to attention: residual x [N, H] and the rotated q [N, heads, D], k and
+        v [N, kv_heads, D] of every entry (what the cache stores)."""
         n, dt = target_hidden.shape[0], next_embeds.dtype
         if target_hidden.dtype != dt:
             target_hidden = target_hidden.to(dt)
@@ -177,6 +186,10 @@ class SparrowServingLayer:
         qkv = self.qkv(self._norm(x, "input_norm"))  # [N, (nh + 2 nkv) * D]
         q, k = self._rotate_qk(qkv, positions)  # [N, heads, D], [N, kv, D]
         kv, d = self.kv_heads, self.head_dim
-        v = qkv[:, (self.heads + kv) * d :].view(n, kv, d)
-        m = self._add_norm(self.o(attend(q, k, v).reshape(n, -1)), x, "post_attn_norm")  # x += attn
+        return x, q, k, qkv[:, (self.heads + kv) * d :].view(n, kv, d)
+
+    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The forward after attention, for the rows whose output is read: x [n, H] (their
+        residuals from project) and attn [n, heads, D] -> [n, H]."""
+        m = self._add_norm(self.o(attn.reshape(x.shape[0], -1)), x, "post_attn_norm")  # x += attn
         return self._add_norm(self.down(self._silu_mul(self.gate_up(m))), x, "final_norm")

@@ -59,21 +59,18 @@ class WindowBatch:
 
 @dataclass
 class PackedRows:
-    """One draft forward's rows packed request after request, no padding between requests
-    (steps with prompt chunks): request b owns rows cu[b]:cu[b + 1]; its row j is the entry at
-    text index cache_len[b] + j, a real entry (stored, a key) when j < count[b].
+    """A step's entries packed request after request, no padding between requests (steps with
+    prompt chunks): request b owns rows cu[b]:cu[b + 1]; its row j is the entry at text index
+    cache_len[b] + j, a real entry (stored) when j < count[b].
 
     Worked example: a decode with 4 rows (3 real) beside a 600-row prompt chunk (all real) is
-    cu = [0, 4, 604], count = [3, 600]: 604 rows through the draft, not 2 x 600.
+    cu = [0, 4, 604], count = [3, 600]: 604 rows through the draft's projections, not 2 x 600.
     """
 
     slots: torch.Tensor  # [B] int64 cache slot of each request
     cu: np.ndarray  # [B + 1] host: row offsets
     cache_len: torch.Tensor  # [B] int64 entries of the request in the cache before this forward
     count: torch.Tensor  # [B] int64 real rows of the request (a prefix of its rows)
-    rows: int | None = None  # as WindowBatch.rows
-    # Host: requests whose cache the host knows is empty (a slot taken this step), [B] bool or None.
-    empty: np.ndarray | None = None
 
 
 class TextWindowCache:

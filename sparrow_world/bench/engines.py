@@ -90,6 +90,9 @@ def open_engine(method: str, cfg: BenchConfig, max_visual_tokens: int, max_num_s
     from vllm import LLM
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: timers reach the runner
+    # CPU build: a KV cache of fixed size. Without one, vLLM asks for 0.92 of the NUMA node's memory
+    # to be free at start-up, which fails once an earlier engine of this process has run (seen here).
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     max_len = max_visual_tokens + 256 + cfg.max_tokens + 64  # prompt text + caption + margin
     # Every prompt of a batch prefilled in one step, so a batch's decode window (first token to
     # last) holds decode steps only, not other requests' prefills.

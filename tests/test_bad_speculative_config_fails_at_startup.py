@@ -110,3 +110,22 @@ def test_pipeline_parallelism_is_refused_with_a_message(qwen, tmp_path):
     draft = init_draft(qwen, tmp_path / "d")
     with pytest.raises(Exception, match="does not support pipeline parallelism.*tensor-parallel-size"):
         make_llm(qwen, pipeline_parallel_size=2, speculative_config=_spec(draft))
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", None])
+def test_a_sparrow_draft_under_another_method_says_use_sparrow(qwen, tmp_path, method):
+    """vLLM would load the draft as its own model ~40 s in and die on a bare TypeError."""
+    draft = init_draft(qwen, tmp_path / "d")
+    spec = {"model": str(draft), "num_speculative_tokens": 2, **({"method": method} if method else {})}
+    with pytest.raises(Exception, match=r"is a Sparrow draft .* cannot run\. Use --speculative-config "
+                                        r"'\{\"method\": \"sparrow\""):
+        make_llm(qwen, speculative_config=spec)
+
+
+@pytest.mark.parametrize("spec", [{"num_speculative_tokens": 50},
+                                  {"num_speculative_tokens_per_batch_size": [(1, 4, 3), (5, 16, 9)]}])
+def test_a_depth_past_eight_is_refused_naming_the_recommended_one(qwen, tmp_path, spec):
+    draft = init_draft(qwen, tmp_path / "d")
+    with pytest.raises(Exception, match=r"drafts 1 to 8 tokens per step, (50|9) was asked\. Leave "
+                                        r"num_speculative_tokens out to use the draft's recommended depth \(3"):
+        make_llm(qwen, speculative_config={"method": "sparrow", "model": str(draft), **spec})

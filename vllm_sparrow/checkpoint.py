@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from .config import DraftConfigError, SparrowConfig, target_layer_shape
+from .config import (CONFIG_FILE, MAX_SPECULATIVE_TOKENS, SPECULATORS_MODEL_TYPE, DraftConfigError, SparrowConfig,
+                     target_layer_shape)
 from .durable import atomic_save_safetensors
 from .fingerprint import weights_fingerprint
 from .model import SparrowDraftModel, seeded_draft
@@ -40,6 +42,43 @@ def load_draft(draft_dir: str | Path, device: torch.device | str = "cpu",
             f"{weights} does not match its config.json: missing {missing}, unexpected {unexpected}"
         )
     return model.to(device=device, dtype=dtype).eval()
+
+
+def is_sparrow_draft(path: str | None) -> bool:
+    """True when `path` is a local directory whose config.json is a Sparrow draft's."""
+    config = Path(path) / CONFIG_FILE if path else None
+    if config is None or not config.is_file():
+        return False
+    try:
+        return json.loads(config.read_text()).get("speculators_model_type") == SPECULATORS_MODEL_TYPE
+    except (OSError, ValueError, AttributeError):
+        return False  # not ours to judge: vLLM reports its own error for a broken config
+
+
+def refuse_sparrow_draft_under(method: str | None, draft: str | None) -> None:
+    """A Sparrow draft under another speculative method (or none, which vLLM reads as a plain
+    draft model) would fail ~40 s later inside vLLM's model loader with a bare TypeError; say
+    what to do instead, before anything loads."""
+    if is_sparrow_draft(draft):
+        under = f"the speculative method {method!r}" if method else "vLLM without a method (a plain draft model)"
+        raise DraftConfigError(
+            f"{draft!r} is a Sparrow draft (its config.json says speculators_model_type "
+            f"'{SPECULATORS_MODEL_TYPE}'), which {under} cannot run. Use "
+            f"--speculative-config '{{\"method\": \"sparrow\", \"model\": \"{draft}\"}}' "
+            "(in Python: speculative_config={\"method\": \"sparrow\", \"model\": ...}).")
+
+
+def check_depth(num_speculative_tokens: int, per_batch_size, draft_dir: str, recommended: int) -> None:
+    """Draft depths outside 1..MAX_SPECULATIVE_TOKENS are refused at start-up, naming the
+    draft's recommended depth (vLLM itself refuses 0 before this runs)."""
+    asked = [("num_speculative_tokens", num_speculative_tokens)]
+    asked += [(f"num_speculative_tokens_per_batch_size {tuple(e)}", e[2]) for e in per_batch_size or ()]
+    for where, k in asked:
+        if not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise DraftConfigError(
+                f"{where}: a Sparrow draft drafts 1 to {MAX_SPECULATIVE_TOKENS} tokens per step, {k} was asked. "
+                f"Leave num_speculative_tokens out to use the draft's recommended depth ({recommended}, "
+                f"from {str(draft_dir)!r}'s config.json), or pick a depth in that range.")
 
 
 def validate_draft_for_target(draft_dir: str | None, target_hf_config_or_model_config: Any) -> SparrowConfig:

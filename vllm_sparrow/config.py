@@ -19,6 +19,7 @@ from .durable import atomic_write_text
 SPECULATORS_MODEL_TYPE = "sparrow"
 DRAFT_ARCHITECTURE = "SparrowDraftModel"
 CONFIG_FILE = "config.json"
+MAX_SPECULATIVE_TOKENS = 8  # deepest chain a Sparrow draft is served at (README, docs/serving.md)
 
 
 class DraftConfigError(ValueError):

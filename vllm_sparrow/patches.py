@@ -176,8 +176,11 @@ def _wrap_post_init(original: Callable) -> Callable:
     @functools.wraps(original)
     def __post_init__(self) -> None:
         if self.method != METHOD:
+            from .checkpoint import refuse_sparrow_draft_under
+
+            refuse_sparrow_draft_under(self.method, self.model)  # a Sparrow draft needs method sparrow
             return original(self)
-        from .checkpoint import validate_draft_for_target
+        from .checkpoint import check_depth, validate_draft_for_target
         from .config import DraftConfigError
 
         pp = getattr(self.target_parallel_config, "pipeline_parallel_size", 1)
@@ -190,6 +193,8 @@ def _wrap_post_init(original: Callable) -> Callable:
         draft_cfg = validate_draft_for_target(self.model, self.target_model_config)
         if self.num_speculative_tokens is None:
             self.num_speculative_tokens = draft_cfg.speculative_tokens
+        check_depth(self.num_speculative_tokens, getattr(self, "num_speculative_tokens_per_batch_size", None),
+                    self.model, draft_cfg.speculative_tokens)
         # Upstream's EAGLE path builds draft_model_config (reading the speculators-format
         # config.json through the "sparrow" algo registered below) and the parallel config.
         self.method = "eagle"

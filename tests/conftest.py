@@ -155,15 +155,17 @@ def make_llm(target, **overrides):
 
 
 @contextlib.contextmanager
-def vllm_server(target, args: list[str], log: Path, env: dict | None = None, timeout: float = 300):
+def vllm_server(target, args: list[str], log: Path, env: dict | None = None, timeout: float = 300,
+                command: list[str] | None = None):
     """`vllm serve TARGET ARGS` on 127.0.0.1 at a free port, with this GPU share on CUDA; yields
     (base url, process) once /health answers, and stops the server's process group (API server
-    and engine process) afterwards."""
+    and engine process) afterwards. command: run this instead of `vllm serve TARGET` (a script
+    that execs it), with ARGS, the port and the GPU share after it."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [str(Path(sys.executable).with_name("vllm")), "serve", str(target), "--host", "127.0.0.1",
-           "--port", str(port), *gpu_share_args(), *args]
+    head = command or [str(Path(sys.executable).with_name("vllm")), "serve", str(target)]
+    cmd = [*head, *args, "--host", "127.0.0.1", "--port", str(port), *gpu_share_args()]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                                 start_new_session=True)

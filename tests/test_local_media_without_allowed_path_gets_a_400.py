@@ -1,6 +1,6 @@
 """A `file://` media URL sent to a server started without `--allowed-local-media-path` gets a 400
 that names the flag, and the server answers the next request on the same client (patch
-local-media-without-allowed-path; vLLM 0.32 answered a 500 and dropped the connection).
+local-media-errors; vLLM 0.32 answered a 500 and dropped the connection).
 
 A server of its own, without speculation: the flag is what matters (the sparrow server of
 test_openai_server_with_sparrow.py is started with it), and the fix is in vLLM's media loading,

@@ -57,7 +57,32 @@ def test_file_url_without_allowed_path_maps_to_a_400_naming_the_flag_where_upstr
     answer = create_error_response(fixed.value).error
     assert answer.code == HTTPStatus.BAD_REQUEST and "--allowed-local-media-path" in answer.message, answer
 
-    original = patches.APPLIED["local-media-without-allowed-path"].original
+    original = patches.APPLIED["local-media-errors"].original
     with pytest.raises(RuntimeError) as upstream:
         original(connector, parse_url("file:///srv/media/frame.png"), None)
+    assert create_error_response(upstream.value).error.code == HTTPStatus.INTERNAL_SERVER_ERROR
+
+
+def test_file_url_of_a_missing_file_in_the_allowed_folder_maps_to_a_400_naming_it(tmp_path):
+    """The same for a file:// URL inside --allowed-local-media-path that names no file: upstream's
+    decoder error is a 500; the fixed connector's is a 400 that names the file (vLLM masks paths)."""
+    from http import HTTPStatus
+
+    from urllib3.util import parse_url
+    from vllm.entrypoints.serve.exception_handling.error_response import create_error_response
+    from vllm.multimodal.media.connector import MediaConnector
+    from vllm.multimodal.media.image import ImageMediaIO
+    from vllm.multimodal.media.video import VideoMediaIO
+
+    patches.apply_patches()
+    connector = MediaConnector(allowed_local_media_path=str(tmp_path))
+    missing = (tmp_path / "missing.mp4").as_uri()
+    with pytest.raises(FileNotFoundError) as fixed:  # still upstream's type for offline callers
+        connector.fetch_video(missing)
+    answer = create_error_response(fixed.value).error
+    assert answer.code == HTTPStatus.BAD_REQUEST and "no file 'missing.mp4'" in answer.message, answer
+
+    original = patches.APPLIED["local-media-errors"].original
+    with pytest.raises(Exception) as upstream:
+        original(connector, parse_url(missing), VideoMediaIO(ImageMediaIO()))
     assert create_error_response(upstream.value).error.code == HTTPStatus.INTERNAL_SERVER_ERROR

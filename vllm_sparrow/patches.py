@@ -484,27 +484,42 @@ LOCAL_MEDIA_REFUSED = (
     "--allowed-local-media-path DIR, a directory the files lie under")
 
 
-def _patch_local_media_without_flag() -> None:
+def _patch_local_media_errors() -> None:
+    from pathlib import Path
+    from urllib.request import url2pathname
+
     from vllm.exceptions import VLLMValidationError
     from vllm.multimodal.media.connector import MediaConnector
 
-    # Upstream raises a bare RuntimeError here, which the API server's catch-all handler answers
-    # with a 500 from Starlette's ServerErrorMiddleware, which then re-raises, so uvicorn closes
-    # the connection. A VLLMValidationError is answered with a 400 by vLLM's own VLLMError handler;
-    # staying a RuntimeError keeps offline callers (LLM.chat) that catch upstream's type working.
+    # Upstream raises a bare RuntimeError (no --allowed-local-media-path) or lets the decoder's
+    # FileNotFoundError out (a missing file in the allowed folder), which the API server's
+    # catch-all handler answers with a 500 from Starlette's ServerErrorMiddleware, which then
+    # re-raises, so uvicorn closes the connection. A VLLMValidationError is answered with a 400 by
+    # vLLM's own VLLMError handler; keeping upstream's types keeps offline callers (LLM.chat) that
+    # catch them working.
     class LocalMediaRefused(VLLMValidationError, RuntimeError):
+        pass
+
+    class LocalMediaMissing(VLLMValidationError, FileNotFoundError):
         pass
 
     def make(original: Callable) -> Callable:
         @functools.wraps(original)
         def _load_file_url(self, url_spec, media_io):
-            if self.allowed_local_media_path is None:  # upstream's own condition for its RuntimeError
+            folder = self.allowed_local_media_path
+            if folder is None:  # upstream's own condition for its RuntimeError
                 raise LocalMediaRefused(LOCAL_MEDIA_REFUSED)
+            path = Path(url2pathname((url_spec.netloc or "") + (url_spec.path or "")))  # as upstream reads it
+            if folder in path.resolve().parents and not path.is_file():  # outside: upstream's 400 stands
+                # vLLM masks paths in error answers (<path>), so the client is told the file's name
+                raise LocalMediaMissing(f"file:// media URL: no file {path.name!r} at that path in the folder "
+                                        "--allowed-local-media-path names; check the path, or send the media "
+                                        "inline (a data: URL)")
             return original(self, url_spec, media_io)
 
         return _load_file_url
 
-    _patch("local-media-without-allowed-path", MediaConnector, "_load_file_url", make)
+    _patch("local-media-errors", MediaConnector, "_load_file_url", make)
 
 
 # ---- the table --------------------------------------------------------------------------
@@ -564,10 +579,10 @@ PATCHES: tuple[Declared, ...] = (
              ".create_chat_completion", "fix", "any", "a chat request whose messages carry no text, image or "
              "video gets a 400 saying so (vLLM would generate from the bare chat template)",
              _patch_chat_empty_prompt),
-    Declared("local-media-without-allowed-path", "vllm.multimodal.media.connector.MediaConnector._load_file_url",
-             "fix", "any", "a file:// media URL sent to a server started without --allowed-local-media-path "
-             "raised a RuntimeError: a 500 and a dropped connection; it gets a 400 that names the flag",
-             _patch_local_media_without_flag),
+    Declared("local-media-errors", "vllm.multimodal.media.connector.MediaConnector._load_file_url",
+             "fix", "any", "a file:// media URL sent to a server started without --allowed-local-media-path, or "
+             "naming a file missing from that folder, raised a RuntimeError or FileNotFoundError: a 500 and a "
+             "dropped connection; it gets a 400 that names the flag or the missing file", _patch_local_media_errors),
 )
 DECLARED = {row.name: row for row in PATCHES}
 

@@ -14,7 +14,9 @@ def _demo(args) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from .demo import run_demo
+    from .paths import in_checkout
 
+    args.models = in_checkout(args.models)  # the shipped models, from any folder
     if args.action == "samples":
         run_demo.write_samples()
         print(f"wrote {run_demo.SAMPLES}")
@@ -51,7 +53,9 @@ def _bench(args) -> int:
 
     ablations = dict(a.split("=", 1) for a in args.ablation)
     if args.with_ablations:  # every draft under <sparrow>/../ablations (what `sparrow demo build` writes)
-        folder = Path(args.sparrow).parent / "ablations"
+        from .paths import in_checkout
+
+        folder = Path(in_checkout(args.sparrow)).parent / "ablations"
         ablations.update({d.name: str(d) for d in sorted(folder.iterdir()) if (d / "config.json").exists()})
     cfg = from_args(BenchConfig, args, ablations=ablations)
     if args.quick:

@@ -76,14 +76,15 @@ def test_target_reads_long_clips_as_well_as_short_ones(target_eval):
 
 
 def test_captions_with_sparrow_equal_the_targets_on_the_sample_videos(tmp_path):
-    """`make demo` as a user runs it: the report on the terminal, vLLM's own output (Python logs,
-    C++ warnings, progress bars) in the log file; exit status 0: every caption identical."""
+    """`make demo` as a user runs it, here from another folder (the shipped models are found from
+    anywhere): the report on the terminal, vLLM's own output (Python logs, C++ warnings, progress
+    bars) in the log file; exit status 0: every caption identical."""
     import subprocess
     import sys
 
     log = tmp_path / "vllm.log"
     done = subprocess.run([sys.executable, "-m", "vllm_sparrow.cli", "demo", "--max-tokens", "160", "--log", str(log)],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "caption with sparrow" in done.stdout and "mean acceptance length" in done.stdout
     assert "identical to the target's greedy caption" in done.stdout

@@ -204,3 +204,17 @@ def test_dtype_and_graphs_default_to_what_cpu_runs_and_can_be_set():
     cfg = _bench_config(["--dtype", "bfloat16", "--cuda-graphs", "on"])
     assert (cfg.dtype, enforce_eager(cfg)) == ("bfloat16", False)
     assert enforce_eager(_bench_config(["--cuda-graphs", "off"])) is True
+
+
+def test_the_default_models_are_found_from_any_folder(tmp_path, monkeypatch):
+    """Outside the checkout `sparrow bench` ended in a Hugging Face "Repo id" traceback: its
+    defaults (models/world/...) were read relative to the working directory."""
+    from sparrow_world.bench.config import BenchConfig
+
+    monkeypatch.chdir(tmp_path)
+    cfg = BenchConfig()
+    for path in (cfg.target, cfg.sparrow, cfg.eagle, cfg.eagle3):
+        assert Path(path).is_absolute() and (Path(path) / "config.json").is_file(), path
+    assert cfg.num_speculative_tokens == 8  # read from the shipped draft found there
+    (tmp_path / "models" / "world" / "target").mkdir(parents=True)  # a folder of the user's own wins
+    assert BenchConfig(sparrow=str(Path(cfg.sparrow))).target == "models/world/target"

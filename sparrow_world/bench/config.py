@@ -45,6 +45,11 @@ class BenchConfig:
                                     "CUDA, off on CPU), on, off (vLLM's enforce_eager)", choices=GRAPHS)
 
     def __post_init__(self) -> None:
+        from ..paths import in_checkout
+
+        # The defaults name the shipped demo models relative to the checkout: found from any folder.
+        self.target, self.sparrow, self.eagle, self.eagle3 = (
+            in_checkout(p) for p in (self.target, self.sparrow, self.eagle, self.eagle3))
         if self.num_speculative_tokens is None:
             self.num_speculative_tokens = recommended_depth(self.sparrow)
 

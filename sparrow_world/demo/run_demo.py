@@ -16,7 +16,8 @@ from pathlib import Path
 
 from vllm_sparrow.durable import atomic_write_json
 
-REPO = Path(__file__).resolve().parents[2]
+from ..paths import REPO
+
 MODELS = REPO / "models" / "world"
 SAMPLES = REPO / "examples" / "videos"
 

@@ -67,7 +67,9 @@ def _bench(args) -> int:
 
 def add_demo(sub) -> None:
     d = sub.add_parser("demo", help="the demo models: run (default), build, samples, card")
-    d.add_argument("action", nargs="?", default="run", choices=("run", "build", "samples", "card"))
+    d.add_argument("action", nargs="?", default="run", choices=("run", "build", "samples", "card"),
+                   help="run: caption the bundled clips without and with sparrow (default); build: retrain the "
+                        "demo models from scratch; samples: rewrite the bundled clips; card: write the model card")
     d.add_argument("--bench", default=None, help="card: benchmark folder whose results go into the card")
     d.add_argument("--models", default="models/world", help="demo model folder (target, sparrow, eagle)")
     d.add_argument("--workdir", default="runs/world-build", help="build: intermediate files (resumable)")
@@ -75,7 +77,7 @@ def add_demo(sub) -> None:
                    help="build: the target's main training stage, minutes (default: TargetTrainConfig's)")
     d.add_argument("--extension-minutes", type=float, default=None,
                    help="build: the target's long-clip extension stage, minutes (default: TargetTrainConfig's)")
-    d.add_argument("--max-tokens", type=int, default=320)
+    d.add_argument("--max-tokens", type=int, default=320, help="run: longest caption, in tokens")
     d.add_argument("--log", default="runs/demo/vllm.log",
                    help="run: where vLLM's own output goes ('-': to the terminal with the report)")
     d.set_defaults(fn=_demo)

@@ -56,3 +56,15 @@ def test_draft_defaults_have_one_source():
     args = _parse(["init-draft", "--target", "t", "--out", "o"])
     assert (args.anchor_tokens, args.window_tokens, args.speculative_tokens) == \
         (sparrow.anchor_tokens, sparrow.window_tokens, sparrow.speculative_tokens)
+
+
+def test_every_option_and_choice_of_every_command_has_help():
+    """`sparrow X --help` had empty entries (init-draft --seed, demo --max-tokens and its actions)."""
+    import argparse
+
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert {"init-draft", "capture", "train", "export", "caption", "demo", "bench"} <= set(commands.choices)
+    empty = [f"{name} {'/'.join(a.option_strings) or a.dest}" for name, sub in commands.choices.items()
+             for a in sub._actions if not isinstance(a, argparse._HelpAction) and not (a.help or "").strip()]
+    assert not empty, empty

@@ -58,7 +58,9 @@ def _train(args) -> int:
 def _export(args) -> int:
     from .training.export import export_run
 
-    print(f"exported {export_run(args.run, args.out, draft_vocab=args.draft_vocab)}")
+    draft = export_run(args.run, args.out, draft_vocab=args.draft_vocab)
+    print(f"draft written to {draft}\nnext: serve it with vllm serve TARGET --speculative-config "
+          f"'{{\"method\": \"sparrow\", \"model\": \"{draft}\"}}'")
     return 0
 
 
@@ -125,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--target", required=True, help="target model directory (Hugging Face format)")
     i.add_argument("--out", required=True, help="draft directory to write")
     add_options(i, SparrowConfig, only=("anchor_tokens", "window_tokens", "speculative_tokens"))
-    i.add_argument("--seed", type=int, default=0)
+    i.add_argument("--seed", type=int, default=0, help="seed of the random initialisation")
     i.set_defaults(fn=_init_draft)
     c = sub.add_parser("capture", help="run the target over a JSONL dataset; store training states")
     add_options(c, CaptureConfig)

@@ -1,15 +1,17 @@
 """Offline batch captioning (`sparrow caption`, vllm_sparrow.batch_caption): one JSONL row per
 video, bad videos become error rows while the rest are captioned, a run stopped after a few
 items (--limit) resumes, a run killed with SIGKILL in the middle of writing a row, and its rerun
-killed again at another row, loses nothing and duplicates nothing when rerun, ids are unique
-and come from the media path, and captions with Sparrow equal the target's own greedy
-captions."""
+killed again at another row, loses nothing and duplicates nothing when rerun, Ctrl-C ends with
+the resume hint (vLLM's output in a log file), error rows run again only when asked, a rerun
+with nothing to do starts no engine, ids are unique and come from the media path, and captions
+with Sparrow equal the target's own greedy captions."""
 
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ENGINE_DEFAULTS, close_llm, make_llm
@@ -44,7 +46,8 @@ def sparrow_run(folder, workdir, target_dirs, trained_drafts):
         "method": "sparrow", "model": str(trained_drafts(KIND)), "num_speculative_tokens": 3})
     reports = [caption_batch(_job(folder, out, target, limit=3), llm=llm, progress=False),  # a trial of 3 items
                caption_batch(_job(folder, out, target), llm=llm, progress=False),
-               caption_batch(_job(folder, out, target), llm=llm, progress=False)]
+               caption_batch(_job(folder, out, target), llm=llm, progress=False),  # nothing to do
+               caption_batch(_job(folder, out, target, retry_errors=True), llm=llm, progress=False)]
     close_llm(llm)
     return out, reports
 
@@ -59,14 +62,20 @@ def plain(target_dirs, sparrow_run):
 
 
 def test_a_run_stopped_by_its_limit_resumes_and_bad_videos_become_error_rows(folder, sparrow_run):
-    out, (first, rest, again) = sparrow_run
+    out, (first, rest, again, retried) = sparrow_run
     assert (first.done, first.errors) == (2, 1)  # broken.mp4 sorts first
     assert (rest.done, rest.errors, rest.skipped) == (2, 0, 3)
-    assert (again.done, again.skipped) == (0, 5)
+    assert (again.done, again.errors, again.skipped) == (0, 0, 5) and "nothing to do" in again.summary()
+    assert (retried.done, retried.errors, retried.skipped) == (0, 1, 4)  # only the error row ran again
+    assert "--retry-errors" in first.summary()  # the hint comes with every run that wrote error rows
     rows = _rows(out)
-    assert sorted(r["id"] for r in rows) == sorted(p.name for p in folder.iterdir())
+    ids = [r["id"] for r in rows]
+    assert sorted(set(ids)) == sorted(p.name for p in folder.iterdir()) and ids.count("broken.mp4") == 2
     broken = next(r for r in rows if r["id"] == "broken.mp4")
     assert "cannot decode as video" in broken["error"] and "caption" not in broken
+    captions = [r for r in rows if "caption" in r]
+    assert {r["finish_reason"] for r in captions} <= {"stop", "length"}
+    assert any(r["finish_reason"] == "length" and r["output_tokens"] == 12 for r in captions)  # cut at --max-tokens
     assert rest.mean_acceptance_length is not None and rest.mean_acceptance_length > 1.0  # drafts were accepted
 
 
@@ -123,6 +132,43 @@ def test_runs_killed_while_writing_rows_resume_without_loss_or_duplicates(folder
     assert "2 captioned, 0 errors, 3 already done" in done.stdout
     rows = _rows(out)  # every line parses
     assert sorted(r["id"] for r in rows) == sorted(p.name for p in folder.iterdir())  # each once
+
+
+def test_ctrl_c_ends_with_the_resume_hint_and_vllms_output_stays_in_its_log(tmp_path, target_dirs):
+    """What a user sees: Ctrl-C (SIGINT to the command and its engine process, as a terminal
+    sends it) ends with one line saying how to resume, no engine errors or traceback on the
+    terminal (vLLM's output is in OUT.vllm.log); the rerun finishes the rest, and a rerun with
+    nothing to do says so without starting an engine."""
+    clips = tmp_path / "clips"
+    for i in range(8):
+        write_synthetic_clip(clips / f"c{i}.mp4", 8, seed=40 + i)
+    out = tmp_path / "out.jsonl"
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_ENABLE_V1_MULTIPROCESSING", "SPARROW_KILL_AT_WRITE")}
+    cmd = [sys.executable, "-m", "vllm_sparrow.cli", "caption", "--target", str(target_dirs(KIND)), "--inputs",
+           str(clips), "--out", str(out), "--frames", "8", "--max-tokens", "64", "--chunk", "1",
+           "--engine-args", json.dumps({**ENGINE_DEFAULTS, "max_model_len": 2048})]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while not (out.exists() and out.read_bytes().count(b"\n") >= 1) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)  # the command's process group: it and vLLM's engine process
+    stdout, stderr = proc.communicate(timeout=180)
+    terminal = stdout + stderr
+    assert proc.returncode == 130, terminal[-3000:]
+    assert "interrupted:" in stdout and "rerun the same command to resume" in stdout, terminal[-3000:]
+    for noise in ("Traceback", "ERROR", "EngineDeadError"):
+        assert noise not in terminal, terminal[-3000:]
+    assert (tmp_path / "out.jsonl.vllm.log").stat().st_size > 0
+    written = out.read_bytes().count(b"\n")
+    assert 1 <= written < 8
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert f"{8 - written} captioned, 0 errors, {written} already done" in again.stdout, again.stdout
+    t0 = time.time()
+    idle = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert idle.returncode == 0 and "nothing to do: all 8 items" in idle.stdout, idle.stdout + idle.stderr
+    assert time.time() - t0 < 30  # no engine was started
 
 
 def test_ids_come_from_the_media_path_and_duplicates_are_refused(tmp_path):

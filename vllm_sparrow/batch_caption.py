@@ -3,10 +3,14 @@
 Input: a folder of videos (id: the file name) or a JSONL of {"video": path, "prompt"?: str,
 "id"?: str} (id: the video path as written, unless given; ids must be unique, so an edited or
 reordered input never shifts them). Output: a JSONL with one row per item, {"id", "video",
-"caption", "prompt_tokens", "output_tokens"} or {"id", "video", "error"}. Each row is appended
-durably (durable.py) as its chunk finishes: after a kill -9 at any moment, a rerun cuts a torn
-last row, redoes that item and skips every id already in the output (error rows included:
-delete them to retry). One bad item becomes its error row; the rest of its chunk still runs.
+"caption", "finish_reason" ("length": cut at max_tokens), "prompt_tokens", "output_tokens"} or
+{"id", "video", "error"}. Each row is appended durably (durable.py) as its chunk finishes: after a
+kill -9 at any moment, a rerun cuts a torn last row, redoes that item and skips every id already
+in the output. Error rows are kept and skipped too, unless --retry-errors: then those items run
+again and their new row is appended (an id's last row is its result). One bad item becomes its
+error row; the rest of its chunk still runs. Ctrl-C shuts the engine down and raises
+CaptionInterrupted (the rows written stay; a rerun resumes); a rerun with nothing to do starts
+no engine.
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ class CaptionJob:
     max_tokens: int = knob(256, "longest caption")
     chunk: int = knob(8, "requests handed to vLLM at once")
     limit: int | None = knob(None, "stop after this many new items (trial runs)")
+    retry_errors: bool = knob(False, "run the items whose row is an error again (their new row is appended; an "
+                                     "id's last row is its result)")
+    log: str = knob("", "where vLLM's own output goes (default: OUT.vllm.log; '-': the terminal)")
     engine_args: dict[str, Any] = knob(default_factory=dict, help='extra LLM(...) arguments as JSON, e.g. '
                                        '{"max_model_len": 32768}')
 
@@ -55,15 +62,26 @@ class CaptionReport:
     mean_acceptance_length: float | None
 
     def summary(self) -> str:
+        if not (self.done or self.errors):
+            return f"nothing to do: all {self.skipped} items are in the output already (no engine started)"
         rate = self.done / self.seconds if self.seconds else 0.0
         acc = "n/a" if self.mean_acceptance_length is None else f"{self.mean_acceptance_length:.2f}"
+        retry = "; error rows are kept: rerun with --retry-errors to try them again" if self.errors else ""
         return (f"{self.done} captioned, {self.errors} errors, {self.skipped} already done; "
                 f"{rate:.2f} videos/s, {self.output_tokens / max(self.seconds, 1e-9):.1f} tokens/s; "
-                f"mean acceptance length {acc}")
+                f"mean acceptance length {acc}{retry}")
 
 
 class DuplicateIds(ValueError):
     pass
+
+
+class CaptionInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run: the engine was shut down; `rows` rows were written this run."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__(rows)
+        self.rows = rows
 
 
 def list_items(inputs: str | Path, prompt: str) -> list[dict]:
@@ -95,36 +113,82 @@ def list_items(inputs: str | Path, prompt: str) -> list[dict]:
     return items
 
 
-def caption_batch(job: CaptionJob, llm=None, progress: bool = True) -> CaptionReport:
-    from tqdm import tqdm
-    from vllm import SamplingParams
-
+def caption_batch(job: CaptionJob, llm=None, progress: bool = True, progress_file=None) -> CaptionReport:
+    """Caption job's items not in its output yet. llm: an engine to use (default: one opened
+    here, and shut down here, also on Ctrl-C); progress_file: where the progress bar goes."""
     out = Path(job.out)
     items = list_items(job.inputs, job.prompt)  # bad input fails before any engine starts
-    done_ids = _done_ids(out)
+    done_ids = _done_ids(out, job.retry_errors)
     todo = [it for it in items if it["id"] not in done_ids]
     skipped = len(items) - len(todo)
     if job.limit is not None:
         todo = todo[: job.limit]
+    if not todo:  # nothing to do: no engine
+        return CaptionReport(0, 0, skipped, 0.0, 0, None)
+    own = llm is None
     llm = llm or _engine(job)
+    rows = []
+    try:
+        return _caption(llm, job, todo, skipped, rows, progress, progress_file)
+    except BaseException as e:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        # Ctrl-C reaches vLLM's engine process too, so the client may see it die first.
+        if isinstance(e, KeyboardInterrupt) or (isinstance(e, EngineDeadError) and _interrupted):
+            raise CaptionInterrupted(len(rows)) from None
+        raise
+    finally:
+        if own:  # also on Ctrl-C: the engine processes go before the command reports
+            llm.llm_engine.engine_core.shutdown()
+
+
+_interrupted = False  # set by the SIGINT handler of caption_batch's run
+
+
+def _caption(llm, job, todo, skipped, written, progress, progress_file) -> CaptionReport:
+    import signal
+
+    from tqdm import tqdm
+    from vllm import SamplingParams
+
+    global _interrupted
+    _interrupted = False
+
+    def on_sigint(signum, frame):
+        global _interrupted
+        _interrupted = True
+        signal.default_int_handler(signum, frame)  # KeyboardInterrupt, as without the handler
+
     before = spec_counters(llm)
     params = SamplingParams(temperature=0.0, max_tokens=job.max_tokens)
     templater = _templater(job.target)
     start, n_done, n_err, n_tok = time.perf_counter(), 0, 0, 0
-    bar = tqdm(total=len(todo), desc="caption", unit="video", disable=not progress)
-    for lo in range(0, len(todo), job.chunk):
-        rows = _run_chunk(llm, todo[lo : lo + job.chunk], job, params, templater)
-        for row in rows:
-            append_jsonl(out, row)
-        n_err += sum("error" in r for r in rows)
-        n_done += sum("caption" in r for r in rows)
-        n_tok += sum(r.get("output_tokens", 0) for r in rows)
-        bar.update(len(rows))
-    bar.close()
+    bar = tqdm(total=len(todo), desc="caption", unit="video", disable=not progress, file=progress_file)
+    previous = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
+    try:
+        for lo in range(0, len(todo), job.chunk):
+            rows = _run_chunk(llm, todo[lo : lo + job.chunk], job, params, templater)
+            for row in rows:
+                append_jsonl(Path(job.out), row)
+                written.append(row["id"])
+            n_err += sum("error" in r for r in rows)
+            n_done += sum("caption" in r for r in rows)
+            n_tok += sum(r.get("output_tokens", 0) for r in rows)
+            bar.update(len(rows))
+    finally:
+        bar.close()
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     after = spec_counters(llm)
     drafts = after["num_drafts"] - before["num_drafts"]
     acc = 1 + (after["num_accepted_tokens"] - before["num_accepted_tokens"]) / drafts if drafts else None
     return CaptionReport(n_done, n_err, skipped, time.perf_counter() - start, n_tok, acc)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def _run_chunk(llm, items, job, params, templater) -> list[dict]:
@@ -154,7 +218,8 @@ def _run_chunk(llm, items, job, params, templater) -> list[dict]:
             rows.append({"id": it["id"], "video": it["video"], "error": str(o)})
         else:
             rows.append({"id": it["id"], "video": it["video"], "caption": o.outputs[0].text,
-                         "prompt_tokens": len(o.prompt_token_ids), "output_tokens": len(o.outputs[0].token_ids)})
+                         "finish_reason": o.outputs[0].finish_reason, "prompt_tokens": len(o.prompt_token_ids),
+                         "output_tokens": len(o.outputs[0].token_ids)})
     return rows
 
 
@@ -167,9 +232,11 @@ def _one(llm, request, params):
         return e
 
 
-def _done_ids(out: Path) -> set[str]:
-    """Ids already in the output; a row torn by a kill is cut off (its item runs again)."""
-    return {str(row["id"]) for row in read_jsonl(out) if "id" in row}
+def _done_ids(out: Path, retry_errors: bool = False) -> set[str]:
+    """Ids already in the output (with retry_errors: those whose last row is not an error); a
+    row torn by a kill is cut off (its item runs again)."""
+    last = {str(row["id"]): row for row in read_jsonl(out) if "id" in row}
+    return {i for i, row in last.items() if not (retry_errors and "error" in row)}
 
 
 def _templater(target: str):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from .cli_args import add_options, from_args
 
@@ -87,14 +88,23 @@ def _calibrate_stop(args) -> int:
 
 
 def _caption(args) -> int:
-    from .batch_caption import CaptionJob, DuplicateIds, caption_batch
+    from .batch_caption import CaptionInterrupted, CaptionJob, DuplicateIds, caption_batch
+    from .logs import logs_to
 
-    try:
-        report = caption_batch(from_args(CaptionJob, args))
-    except DuplicateIds as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(report.summary())
+    job = from_args(CaptionJob, args)
+    log = None if job.log == "-" else Path(job.log or f"{job.out}.vllm.log")
+    with logs_to(log) as term:  # the terminal gets progress and the report; vLLM's output goes to the log
+        try:
+            report = caption_batch(job, progress_file=term)
+        except DuplicateIds as e:
+            print(f"error: {e}", file=term)
+            return 2
+        except CaptionInterrupted as e:
+            print(f"interrupted: {e.rows} rows written to {job.out} this run; rerun the same command to resume"
+                  + (f" (vLLM's log: {log})" if log else ""), file=term)
+            return 130
+        print(report.summary() + (f" (vLLM's log: {log})" if log and (report.done or report.errors) else ""),
+              file=term)
     return 0
 
 

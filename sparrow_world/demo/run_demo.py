@@ -7,14 +7,12 @@ the decode speedup of Sparrow against no speculation, measured in this run on th
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import sys
 import time
 from pathlib import Path
 
 from vllm_sparrow.durable import atomic_write_json
+from vllm_sparrow.logs import logs_to
 
 from ..paths import REPO
 
@@ -28,32 +26,6 @@ def sample_clips(folder: Path = SAMPLES) -> list[dict]:
     if not index.exists():
         raise SystemExit(f"{index} is missing: run `sparrow demo samples` to write the sample clips")
     return [dict(row, path=folder / row["file"]) for row in json.loads(index.read_text())]
-
-
-@contextlib.contextmanager
-def logs_to(path: Path | None):
-    """Everything written to the process's stdout and stderr (vLLM's logs, C++ warnings,
-    progress bars) goes to `path`; yields the terminal's stdout for the demo's own report.
-    None: nothing is redirected."""
-    if path is None:
-        yield sys.stdout
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    with open(path, "ab") as log, os.fdopen(os.dup(saved[0]), "w", buffering=1) as report:
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        try:
-            yield report
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
 
 
 def run_demo(models: Path = MODELS, max_tokens: int = 320, log: Path | None = None) -> int:

@@ -130,3 +130,29 @@ def test_a_damaged_validation_shard_does_not_cost_the_exported_draft(small_captu
     result = train(_cfg(capture, workdir / "run-damaged", 3), progress=False)
     assert result.acceptance.drafts == 0  # nothing left to validate on
     assert load_draft(result.draft_dir) is not None
+
+
+def test_the_commands_say_what_happened_to_a_finished_a_changed_and_a_missing_run(small_capture, workdir,
+                                                                                    straight, tmp_path):
+    """Rerunning a finished `sparrow train` printed `loss nan, top-1 nan`; changed settings gave a
+    traceback around the message; `export --run missing/` said to train longer. (The finished run
+    is a copy in another folder: where a run lies is not one of its settings.)"""
+    import shutil
+
+    run = tmp_path / "finished"
+    shutil.copytree(straight[9], run)
+    argv = [sys.executable, "-m", "vllm_sparrow.cli", "train", "--capture", str(small_capture), "--out", str(run),
+            "--steps", "9", "--lr", "0.003", "--mtp-steps", "1", "--visual-fraction", "0.5", "--window", "16",
+            "--holdout", "1", "--save-every", "3", "--log-every", "3"]
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"{run} has trained its 9 steps already" in again.stdout and "nan" not in again.stdout, again.stdout
+    assert "rerun with a larger --steps" in again.stdout
+    changed = subprocess.run(argv[:-2] + ["--log-every", "3", "--mtp-steps", "2"], capture_output=True, text=True,
+                             timeout=600)
+    assert changed.returncode == 2 and "other settings (mtp_steps)" in changed.stderr, changed.stderr[-3000:]
+    assert "Traceback" not in changed.stderr
+    missing = subprocess.run([sys.executable, "-m", "vllm_sparrow.cli", "export", "--run", str(tmp_path / "nowhere"),
+                              "--out", str(tmp_path / "d")], capture_output=True, text=True, timeout=600)
+    assert missing.returncode == 2 and "no such run directory" in missing.stderr, missing.stderr[-3000:]
+    assert "Traceback" not in missing.stderr

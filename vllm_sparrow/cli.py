@@ -42,24 +42,37 @@ def _probe_layers(args) -> int:
 
 
 def _train(args) -> int:
-    from .training.train import TrainConfig, train
+    from .training.train import RunSettingsChanged, TrainConfig, train
 
-    result = train(from_args(TrainConfig, args))
+    try:
+        result = train(from_args(TrainConfig, args))
+    except RunSettingsChanged as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if int(os.environ.get("RANK", "0")) != 0:
         return 0  # torchrun: rank 0 reports and exports
     acc = result.acceptance
-    print(f"trained {result.steps} steps: loss {result.last_loss:.4f}, top-1 {result.top1:.3f}")
+    if result.already_done:
+        print(f"{args.out} has trained its {result.steps} steps already (last logged: loss {result.last_loss:.4f}, "
+              f"top-1 {result.top1:.3f}); rerun with a larger --steps to train on")
+    else:
+        print(f"trained {result.steps} steps: loss {result.last_loss:.4f}, top-1 {result.top1:.3f}")
     if acc is not None:
         print(f"simulated mean acceptance length on {args.holdout} held-out samples (K={args.speculative_tokens}, "
               f"bonus included): {acc.mean_acceptance_length:.3f} over {acc.drafts} drafts")
-    print(f"draft exported to {result.draft_dir}")
+    print(f"draft exported to {result.draft_dir}\nnext: serve it with vllm serve TARGET --speculative-config "
+          f"'{{\"method\": \"sparrow\", \"model\": \"{result.draft_dir}\"}}'")
     return 0
 
 
 def _export(args) -> int:
     from .training.export import export_run
 
-    draft = export_run(args.run, args.out, draft_vocab=args.draft_vocab)
+    try:
+        draft = export_run(args.run, args.out, draft_vocab=args.draft_vocab)
+    except (FileNotFoundError, ValueError) as e:  # no run there, no checkpoint yet, a bad option
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"draft written to {draft}\nnext: serve it with vllm serve TARGET --speculative-config "
           f"'{{\"method\": \"sparrow\", \"model\": \"{draft}\"}}'")
     return 0

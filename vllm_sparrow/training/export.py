@@ -30,6 +30,8 @@ def export_run(run_dir: str | Path, out_dir: str | Path, draft_vocab: int | None
     text tokens of the run's training samples (draft_vocab.py)."""
     run = Path(run_dir)
     ckpt_path = run / "checkpoint.pt"
+    if not run.is_dir():
+        raise FileNotFoundError(f"{run}: no such run directory (--run is the --out of `sparrow train`)")
     if not ckpt_path.is_file():
         raise FileNotFoundError(f"{run}: no checkpoint.pt yet; train for at least --save-every steps")
     cfg = json.loads((run / "train_config.json").read_text())

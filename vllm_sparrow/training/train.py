@@ -77,6 +77,7 @@ class TrainResult:
     top1: float  # stage-1 top-1 agreement over the last log window
     acceptance: AcceptanceEstimate | None
     draft_dir: Path
+    already_done: bool = False  # the run had reached --steps before this call (nothing trained)
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
@@ -109,7 +110,9 @@ def _loop(cfg, out, reader, train_idx, val_idx, draft, io, bridge, opt, state, r
     order: list[int] = state.get("order", [])
     step, window = state.get("step", 0), {"loss": 0.0, "correct": 0, "scored": 0, "n": 0}
     bar = tqdm(total=cfg.steps, initial=step, desc="train", disable=not progress or rank != 0)
-    last_loss, top1 = float("nan"), float("nan")
+    logged = ([{}] + [r for r in read_jsonl(out / "log.jsonl", repair=False) if "loss" in r])[-1]  # a resumed run's last window
+    last_loss, top1 = logged.get("loss", float("nan")), logged.get("top1", float("nan"))
+    already_done = step >= cfg.steps
     while step < cfg.steps:
         _set_lr(opt, cfg, step)
         opt.zero_grad()
@@ -152,7 +155,7 @@ def _loop(cfg, out, reader, train_idx, val_idx, draft, io, bridge, opt, state, r
             acceptance = _validate(cfg, out, reader, val_idx, draft, io, step)
         except Exception as e:  # noqa: BLE001 - the exported draft stands whatever validation does
             log.warning("final validation failed (%s); the draft was exported to %s", e, draft_dir)
-    return TrainResult(step, last_loss, top1, acceptance, draft_dir)
+    return TrainResult(step, last_loss, top1, acceptance, draft_dir, already_done)
 
 
 def _load(reader, pos: int) -> dict | None:
@@ -219,6 +222,10 @@ def _trim_log(path: Path, step: int) -> None:
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
+class RunSettingsChanged(ValueError):
+    """The output directory holds a run with other settings; the message says what to do."""
+
+
 def settings_changed(out: Path, cfg: TrainConfig) -> list[str]:
     """Settings in which the run in `out` differs from `cfg` (none for a new run: it may resume)."""
     path = out / "train_config.json"
@@ -229,14 +236,16 @@ def settings_changed(out: Path, cfg: TrainConfig) -> list[str]:
 
 
 def _resumable_settings(cfg: TrainConfig) -> dict:
-    return {k: v for k, v in asdict(cfg).items() if k not in ("steps", "val_every", "log_every", "device")}
+    # Not compared: how long and how often (steps may grow), the device, and where the run lies
+    # (a run moved or copied to another folder resumes there).
+    return {k: v for k, v in asdict(cfg).items() if k not in ("steps", "val_every", "log_every", "device", "out")}
 
 
 def _check_config(out: Path, cfg: TrainConfig, rank: int) -> None:
     diff = settings_changed(out, cfg)
     if diff:
-        raise ValueError(f"{out} is a run with other settings ({', '.join(diff)}); use a new "
-                         "--out, or the same settings to resume (only --steps may grow)")
+        raise RunSettingsChanged(f"{out} is a run with other settings ({', '.join(diff)}); use a new "
+                                 "--out, or the same settings to resume (only --steps may grow)")
     if rank == 0 and not (out / "train_config.json").is_file():
         atomic_write_json(out / "train_config.json", _resumable_settings(cfg))
 

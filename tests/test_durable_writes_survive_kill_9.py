@@ -174,3 +174,22 @@ def test_a_bad_line_that_is_not_a_torn_tail_is_reported_by_number(tmp_path):
     with pytest.raises(ValueError, match="line 2: not JSON"):
         read_jsonl(path)
 
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600)])
+def test_written_files_take_the_mode_the_umask_gives(tmp_path, umask, mode):
+    """Exported weights and capture shards (safetensors) were written 0600 whatever the umask, so a
+    server running as another user could not read a draft."""
+    import torch
+
+    from vllm_sparrow.durable import atomic_save_safetensors, atomic_torch_save
+
+    old = os.umask(umask)
+    try:
+        paths = [atomic_save_safetensors(tmp_path / "w.safetensors", {"w": torch.zeros(2)}),
+                 atomic_torch_save(tmp_path / "c.pt", {"step": 1}), atomic_write_json(tmp_path / "c.json", {})]
+        append_jsonl(tmp_path / "rows.jsonl", {"id": 1})
+    finally:
+        os.umask(old)
+    for path in paths + [tmp_path / "rows.jsonl"]:
+        assert path.stat().st_mode & 0o777 == mode, (path.name, oct(path.stat().st_mode & 0o777))

@@ -103,14 +103,24 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _umask_mode() -> int:
+    """The mode open() gives a new file under the process's umask (0644 under the usual 022)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def atomic_save(path: str | Path, save: Callable[[Path], None]) -> Path:
-    """save(tmp_path) writes the file (torch.save, safetensors...); it lands at `path` whole."""
+    """save(tmp_path) writes the file (torch.save, safetensors...); it lands at `path` whole,
+    with the mode the umask gives new files (safetensors creates 0600, which a server running
+    as another user could not read)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         save(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+        os.chmod(tmp, _umask_mode())
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)

@@ -113,3 +113,26 @@ def test_non_eager_model_is_rejected(target, video_inputs):
         probe_layers(sdpa.eval(), video_inputs, visual_ids)
     sdpa.set_attn_implementation("eager")  # the switch the message offers works in place
     assert probe_layers(sdpa, video_inputs[:1], visual_ids).num_samples == 1
+
+
+def test_the_command_prints_the_table_and_the_capture_to_run_next(target, tmp_path):
+    """`sparrow probe-layers` ended at its table; the next command (capture with --ivsb-layer) is
+    now printed with the suggested layer filled in."""
+    import json
+    import re
+    import subprocess
+    import sys
+
+    from vllm_sparrow.video import write_synthetic_clip
+
+    d = target[0]
+    clip = write_synthetic_clip(tmp_path / "c.mp4", 4, seed=3)
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"video": str(clip), "prompt": "describe the video", "response": "a square"}) + "\n")
+    run = subprocess.run([sys.executable, "-m", "vllm_sparrow.cli", "probe-layers", "--target", str(d), "--data",
+                          str(data), "--frames", "4"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    suggested = re.search(r"^\s*(\d+)\b.*<- suggested IVSB layer", run.stdout, re.M)
+    assert suggested, run.stdout
+    assert (f"next: sparrow capture --target {d} --data {data} --out CAPTURE --ivsb-layer {suggested.group(1)}"
+            in run.stdout), run.stdout

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from .cli_args import knob
-from .config import SparrowConfig
 from .durable import append_jsonl, read_jsonl
 from .engine_stats import spec_counters
 from .prompts import chat_prompt
@@ -39,7 +38,8 @@ class CaptionJob:
     out: str = knob(help="output JSONL (appended; rerun the same command to resume)")
     target: str = knob(help="target model directory or name")
     draft: str | None = knob(None, "Sparrow draft directory (omit: no speculation)")
-    num_speculative_tokens: int = knob(SparrowConfig.speculative_tokens, "speculative tokens per step", flag="--k")
+    num_speculative_tokens: int | None = knob(None, "speculative tokens per step (default: the draft's recommended "
+                                                    "depth, its config.json, as vLLM serves it)", flag="--k")
     prompt: str = knob("Describe this video in detail.", "prompt of items that bring none")
     num_frames: int = knob(16, "frames sampled per video", flag="--frames")
     max_tokens: int = knob(256, "longest caption")
@@ -252,6 +252,7 @@ def _engine(job: CaptionJob):
 
     kw = dict(model=job.target, limit_mm_per_prompt={"video": 1}, disable_log_stats=False)
     if job.draft:
-        kw["speculative_config"] = {"method": "sparrow", "model": job.draft,
-                                    "num_speculative_tokens": job.num_speculative_tokens}
+        kw["speculative_config"] = {"method": "sparrow", "model": job.draft}
+        if job.num_speculative_tokens is not None:
+            kw["speculative_config"]["num_speculative_tokens"] = job.num_speculative_tokens
     return LLM(**{**kw, **job.engine_args})

@@ -26,6 +26,7 @@ def _capture(args) -> int:
     report = capture(from_args(CaptureConfig, args))
     print(f"{args.out}: {report.summary()}"
           + (f" (resumed after {report.resumed_from} done)" if report.resumed_from else ""))
+    print(f"next: sparrow train --capture {args.out} --out RUN   (RUN/draft is the plugin draft)")
     return 0
 
 
@@ -37,7 +38,10 @@ def _probe_layers(args) -> int:
     target = HFTarget(args.target, device=args.device, attn_implementation="eager")
     rows = [r for r in read_samples(args.data) if not isinstance(r, BadSample) and r.media_kind][: args.samples]
     inputs = (target.encode(r.prompt, r.media_kind, load_media(r, args.frames)) for r in rows)
-    print(format_probe(probe_layers(target.model, inputs, target.spec.visual_token_ids)))
+    probe = probe_layers(target.model, inputs, target.spec.visual_token_ids)
+    print(format_probe(probe))
+    print(f"next: sparrow capture --target {args.target} --data {args.data} --out CAPTURE "
+          f"--ivsb-layer {probe.suggested_layer}")
     return 0
 
 
@@ -96,7 +100,10 @@ def _calibrate_stop(args) -> int:
     if args.write:
         draft.cfg.stop_confidence = best
         save_draft(draft, args.draft)
-        print(f"wrote stop_confidence={best} into {args.draft}/config.json")
+        print(f"wrote stop_confidence={best} into {args.draft}/config.json; serve the draft as before (a server "
+              "started earlier reads it when restarted)")
+    elif best is not None:
+        print(f"next: rerun with --write to store stop_confidence={best} in {args.draft}/config.json")
     return 0
 
 

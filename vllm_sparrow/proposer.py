@@ -99,9 +99,9 @@ class SparrowProposer(EagleProposer):
         if mode is not None:
             self.drafter.graphs = DecodeGraphs(self.drafter, k, default_buckets(max_seqs), capture=mode == "capture")
         logger.info(
-            "Sparrow draft %s loaded: %s-token draft vocabulary, %s, decode steps %s; text-only window cache (anchors=%d, window=%s) of %d slots x "
+            "Sparrow draft %s loaded: drafting %d tokens per step, %s-token draft vocabulary, %s, decode steps %s; text-only window cache (anchors=%d, window=%s) of %d slots x "
             "%d rows = %.1f MiB, attention backend %s, visual token ids %s skipped",
-            draft_dir, "full" if self.drafter.vocab_ids is None else self.drafter.vocab_ids.numel(),
+            draft_dir, k, "full" if self.drafter.vocab_ids is None else self.drafter.vocab_ids.numel(),
             "greedy chains" if self.drafter.tree is None else f"tree search {self.drafter.tree}",
             {"capture": "in CUDA graphs", "eager": "on static buffers"}.get(mode, "eager"),
             cfg.anchor_tokens, cfg.window_tokens, max_seqs, self.drafter.cache.capacity,

@@ -3,6 +3,7 @@ through the `vllm_sparrow.commands` entry point (setup.py)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -43,12 +44,22 @@ def _demo(args) -> int:
                              log=None if args.log in ("", "-") else Path(args.log))
 
 
+def bench_config(args, ablations: dict | None = None):
+    """The BenchConfig of parsed `sparrow bench` options; --quick sets only the sizes the command
+    line left out (an explicit --batch-sizes, --lengths or --clips is kept)."""
+    from vllm_sparrow.cli_args import from_args
+
+    from .bench.config import QUICK, BenchConfig, quick
+
+    given = tuple(k for k in QUICK if getattr(args, k, None) is not None)
+    values = argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in QUICK or k in given})
+    cfg = from_args(BenchConfig, values, ablations=ablations or {})
+    return quick(cfg, keep=given) if args.quick else cfg
+
+
 def _bench(args) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    from vllm_sparrow.cli_args import from_args
-
-    from .bench.config import BenchConfig, quick
     from .bench.run import run_bench
 
     ablations = dict(a.split("=", 1) for a in args.ablation)
@@ -57,9 +68,7 @@ def _bench(args) -> int:
 
         folder = Path(in_checkout(args.sparrow)).parent / "ablations"
         ablations.update({d.name: str(d) for d in sorted(folder.iterdir()) if (d / "config.json").exists()})
-    cfg = from_args(BenchConfig, args, ablations=ablations)
-    if args.quick:
-        cfg = quick(cfg)
+    cfg = bench_config(args, ablations)
     run_bench(cfg)
     print((Path(cfg.out) / "table.md").read_text())
     return 0
@@ -95,5 +104,9 @@ def add_bench(sub) -> None:
                         "config.json set (e.g. ,tree_topk=3) (repeatable)")
     b.add_argument("--with-ablations", action="store_true",
                    help="add every draft in <sparrow>/../ablations (no-mtp, no-ivsb, no-window)")
-    b.add_argument("--quick", action="store_true", help="smoke size: 2 short lengths, 1 clip each")
+    b.add_argument("--quick", action="store_true", help="smoke size: 2 short lengths, 1 clip each, batches 1 and 2 "
+                                                         "(sizes given on the command line are kept)")
+    from .bench.config import QUICK
+
+    b.set_defaults(**dict.fromkeys(QUICK))  # None: not given (bench_config then uses the config's default)
     b.set_defaults(fn=_bench)

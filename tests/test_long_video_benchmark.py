@@ -218,3 +218,17 @@ def test_the_default_models_are_found_from_any_folder(tmp_path, monkeypatch):
     assert cfg.num_speculative_tokens == 8  # read from the shipped draft found there
     (tmp_path / "models" / "world" / "target").mkdir(parents=True)  # a folder of the user's own wins
     assert BenchConfig(sparrow=str(Path(cfg.sparrow))).target == "models/world/target"
+
+
+def test_quick_sets_only_the_sizes_the_command_line_left_out():
+    """`--quick` overrode an explicit --batch-sizes."""
+    from sparrow_world.bench.config import QUICK, BenchConfig
+    from sparrow_world.commands import bench_config
+    from vllm_sparrow.cli import build_parser
+
+    parse = lambda *a: bench_config(build_parser().parse_args(["bench", *a]))  # noqa: E731
+    assert parse("--quick").batch_sizes == QUICK["batch_sizes"] and parse("--quick").lengths == QUICK["lengths"]
+    mine = parse("--quick", "--batch-sizes", "1,4", "--clips", "3")
+    assert (mine.batch_sizes, mine.clips_per_length, mine.lengths) == ((1, 4), 3, QUICK["lengths"])
+    plain = parse()
+    assert (plain.batch_sizes, plain.lengths) == (BenchConfig.batch_sizes, BenchConfig.lengths)

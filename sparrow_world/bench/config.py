@@ -79,9 +79,12 @@ def enforce_eager(cfg: BenchConfig) -> bool:
     return cfg.cuda_graphs == "off"
 
 
-def quick(cfg: BenchConfig) -> BenchConfig:
+QUICK = {"lengths": (512, 1536), "clips_per_length": 1, "batch_sizes": (1, 2)}  # what --quick sets
+
+
+def quick(cfg: BenchConfig, keep: tuple[str, ...] = ()) -> BenchConfig:
     """CI smoke size: two short lengths, one clip each at batch 1 and two together, every method,
-    whole captions (~4 min on CPU)."""
+    whole captions (~4 min on CPU). keep: fields the user set, which --quick leaves as they are."""
     from dataclasses import replace
 
-    return replace(cfg, lengths=(512, 1536), clips_per_length=1, batch_sizes=(1, 2))
+    return replace(cfg, **{k: v for k, v in QUICK.items() if k not in keep})

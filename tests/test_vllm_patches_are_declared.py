@@ -86,3 +86,23 @@ def test_file_url_of_a_missing_file_in_the_allowed_folder_maps_to_a_400_naming_i
     with pytest.raises(Exception) as upstream:
         original(connector, parse_url(missing), VideoMediaIO(ImageMediaIO()))
     assert create_error_response(upstream.value).error.code == HTTPStatus.INTERNAL_SERVER_ERROR
+
+
+def test_num_frames_on_an_fps_driven_video_loader_warns_to_use_fps(caplog, monkeypatch):
+    """vLLM's Qwen-VL video loaders ignore num_frames (the demo target's 32 s clip: 512 visual
+    tokens with num_frames 8 or unset, 256 with fps 1); the first such video says so, naming fps.
+    Loaders that take num_frames, and requests without it, stay quiet."""
+    import logging
+
+    from vllm.multimodal.media.image import ImageMediaIO
+    from vllm.multimodal.media.video import VideoMediaIO
+
+    patches.apply_patches()
+    assert "video-num-frames-ignored" in patches.APPLIED
+    monkeypatch.setattr(logging.getLogger("vllm_sparrow"), "propagate", True)  # vLLM's logger: to caplog
+    with caplog.at_level(logging.WARNING, logger="vllm_sparrow"):
+        VideoMediaIO(ImageMediaIO(), video_backend="qwen2_vl")  # no num_frames: nothing to say
+        VideoMediaIO(ImageMediaIO(), num_frames=8)  # the default loader takes num_frames
+        assert "has no effect" not in caplog.text
+        VideoMediaIO(ImageMediaIO(), num_frames=8, video_backend="qwen2_vl")
+    assert "num_frames=8 in media_io_kwargs has no effect" in caplog.text and '"fps"' in caplog.text, caplog.text

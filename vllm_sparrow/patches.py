@@ -484,6 +484,35 @@ LOCAL_MEDIA_REFUSED = (
     "--allowed-local-media-path DIR, a directory the files lie under")
 
 
+def _patch_video_num_frames_warning() -> None:
+    from vllm.multimodal import video as video_mod
+    from vllm.multimodal.media.video import VideoMediaIO
+
+    # vLLM's Qwen2-VL / Qwen2.5-VL / Qwen3-VL loaders sample by fps and ignore num_frames (their
+    # docstrings say so); a server started with num_frames would believe it capped frames.
+    fps_driven = tuple(getattr(video_mod, n) for n in ("Qwen2VLVideoBackend", "Qwen3VLVideoBackend")
+                       if hasattr(video_mod, n))
+
+    def make(original: Callable) -> Callable:
+        warned: set[str] = set()
+
+        @functools.wraps(original)
+        def __init__(self, image_io, *args, **kwargs) -> None:
+            original(self, image_io, *args, **kwargs)
+            asked = kwargs.get("num_frames", args[0] if args else None)
+            loader = type(self.video_loader).__name__
+            if asked is not None and isinstance(self.video_loader, fps_driven) and loader not in warned:
+                warned.add(loader)
+                logger.warning("vllm-sparrow: num_frames=%s in media_io_kwargs has no effect on this model: vLLM's "
+                               "%s samples video frames by fps and ignores num_frames; bound frames (and visual "
+                               "tokens) with \"fps\" instead, e.g. --media-io-kwargs '{\"video\": {\"fps\": 1}}'",
+                               asked, loader)
+
+        return __init__
+
+    _patch("video-num-frames-ignored", VideoMediaIO, "__init__", make)
+
+
 def _patch_local_media_errors() -> None:
     from pathlib import Path
     from urllib.request import url2pathname
@@ -579,6 +608,10 @@ PATCHES: tuple[Declared, ...] = (
              ".create_chat_completion", "fix", "any", "a chat request whose messages carry no text, image or "
              "video gets a 400 saying so (vLLM would generate from the bare chat template)",
              _patch_chat_empty_prompt),
+    Declared("video-num-frames-ignored", "vllm.multimodal.media.video.VideoMediaIO.__init__", "fix", "any",
+             "num_frames in media_io_kwargs is ignored by vLLM's fps-driven Qwen2-VL/Qwen2.5-VL/Qwen3-VL video "
+             "loaders; the first such video logs a warning that says to bound frames with fps",
+             _patch_video_num_frames_warning),
     Declared("local-media-errors", "vllm.multimodal.media.connector.MediaConnector._load_file_url",
              "fix", "any", "a file:// media URL sent to a server started without --allowed-local-media-path, or "
              "naming a file missing from that folder, raised a RuntimeError or FileNotFoundError: a 500 and a "

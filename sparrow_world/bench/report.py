@@ -47,41 +47,56 @@ def write_reports(out: Path, records: list[dict], cfg: BenchConfig, env: dict) -
 
 
 def plot(records: list[dict], path: Path, where: str) -> None:
+    """Acceptance and speedup against visual tokens (batch 1) and, with several batch sizes,
+    speedup against batch size. Ticks at the measured values (1,536, not 6x10^2; batch 16, not
+    2^4), acceptance from 1 and speedup from 0, one colour per method in every panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, NullLocator
 
     sizes = sorted({r.get("batch", 1) for r in records})
+    lengths = sorted({r["visual_tokens"] for r in records})
     fig, axes = plt.subplots(1, 3 if len(sizes) > 1 else 2, figsize=(16 if len(sizes) > 1 else 11, 4))
     a, s = axes[0], axes[1]
     methods = [m for m in dict.fromkeys(r["method"] for r in records) if m != "none"]
+    colour = {m: f"C{i % 10}" for i, m in enumerate(methods)}
+
+    def ticks(ax, values, label):
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(FixedLocator(values))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticks(values, [f"{v:,}" for v in values], rotation=30, ha="right")  # 17,408 and 24,960 sit close
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+
     for m in methods:
         rows = sorted((r for r in records if r["method"] == m and r.get("batch", 1) == 1), key=lambda r: r["visual_tokens"])
         xs = [r["visual_tokens"] for r in rows]
-        a.plot(xs, [r.get("acceptance_length") or float("nan") for r in rows], marker="o", label=m)
-        s.plot(xs, [r.get("decode_speedup") or float("nan") for r in rows], marker="o", label=m)
+        a.plot(xs, [r.get("acceptance_length") or float("nan") for r in rows], marker="o", color=colour[m], label=m)
+        s.plot(xs, [r.get("decode_speedup") or float("nan") for r in rows], marker="o", color=colour[m], label=m)
     for ax, title in ((a, "mean acceptance length (incl. bonus), batch 1"),
                       (s, "decode speedup vs no speculation, batch 1")):
-        ax.set_xscale("log")
-        ax.set_xlabel("visual tokens")
+        ticks(ax, lengths, "visual tokens")
         ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7)
+    a.set_ylim(bottom=1.0)  # one token per step is what no speculation gives
+    s.set_ylim(bottom=0.0)
     s.axhline(1.0, color="grey", lw=0.8)
-    if len(sizes) > 1:  # speedup against batch size, one line per method and length
+    if len(sizes) > 1:  # speedup against batch size: colour = method, line style = length
         ax = axes[2]
+        styles = ["-", "--", ":", "-."]
         for m in methods:
-            for n in sorted({r["visual_tokens"] for r in records}):
+            for i, n in enumerate(lengths):
                 rows = sorted((r for r in records if r["method"] == m and r["visual_tokens"] == n),
                               key=lambda r: r.get("batch", 1))
                 ax.plot([r.get("batch", 1) for r in rows], [r.get("decode_speedup") or float("nan") for r in rows],
-                        marker="o", label=f"{m} @ {n}")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("batch size (requests together)")
+                        marker="o", color=colour[m], ls=styles[i % len(styles)], label=f"{m} @ {n:,}")
+        ticks(ax, sizes, "batch size (requests together)")
         ax.set_title("decode speedup vs no speculation")
+        ax.set_ylim(bottom=0.0)
         ax.axhline(1.0, color="grey", lw=0.8)
-        ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"vllm-sparrow long-video benchmark ({where})", fontsize=9)
     fig.tight_layout()

@@ -125,10 +125,9 @@ def caption_batch(job: CaptionJob, llm=None, progress: bool = True, progress_fil
         todo = todo[: job.limit]
     if not todo:  # nothing to do: no engine
         return CaptionReport(0, 0, skipped, 0.0, 0, None)
-    own = llm is None
-    llm = llm or _engine(job)
-    rows = []
+    own, rows = llm is None, []
     try:
+        llm = llm or _engine(job)  # inside: a Ctrl-C while the engine starts ends the same way
         return _caption(llm, job, todo, skipped, rows, progress, progress_file)
     except BaseException as e:
         from vllm.v1.engine.exceptions import EngineDeadError
@@ -138,7 +137,7 @@ def caption_batch(job: CaptionJob, llm=None, progress: bool = True, progress_fil
             raise CaptionInterrupted(len(rows)) from None
         raise
     finally:
-        if own:  # also on Ctrl-C: the engine processes go before the command reports
+        if own and llm is not None:  # also on Ctrl-C: the engine processes go before the command reports
             llm.llm_engine.engine_core.shutdown()
 
 

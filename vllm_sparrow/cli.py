@@ -194,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     except DurableWriteError as e:  # a full disk: say so and how to go on, not a traceback
         print(f"sparrow {args.cmd}: {e.strerror}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # every long command writes kill-safe and resumes: say so, not a traceback
+        print(f"sparrow {args.cmd}: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -99,6 +99,7 @@ def test_num_frames_on_an_fps_driven_video_loader_warns_to_use_fps(caplog, monke
 
     patches.apply_patches()
     assert "video-num-frames-ignored" in patches.APPLIED
+    VideoMediaIO.__init__.warned.clear()  # an earlier engine of this process may have warned already
     monkeypatch.setattr(logging.getLogger("vllm_sparrow"), "propagate", True)  # vLLM's logger: to caplog
     with caplog.at_level(logging.WARNING, logger="vllm_sparrow"):
         VideoMediaIO(ImageMediaIO(), video_backend="qwen2_vl")  # no num_frames: nothing to say

@@ -494,20 +494,19 @@ def _patch_video_num_frames_warning() -> None:
                        if hasattr(video_mod, n))
 
     def make(original: Callable) -> Callable:
-        warned: set[str] = set()
-
         @functools.wraps(original)
         def __init__(self, image_io, *args, **kwargs) -> None:
             original(self, image_io, *args, **kwargs)
             asked = kwargs.get("num_frames", args[0] if args else None)
             loader = type(self.video_loader).__name__
-            if asked is not None and isinstance(self.video_loader, fps_driven) and loader not in warned:
-                warned.add(loader)
+            if asked is not None and isinstance(self.video_loader, fps_driven) and loader not in __init__.warned:
+                __init__.warned.add(loader)  # once per loader and process
                 logger.warning("vllm-sparrow: num_frames=%s in media_io_kwargs has no effect on this model: vLLM's "
                                "%s samples video frames by fps and ignores num_frames; bound frames (and visual "
                                "tokens) with \"fps\" instead, e.g. --media-io-kwargs '{\"video\": {\"fps\": 1}}'",
                                asked, loader)
 
+        __init__.warned = set()  # loaders warned about (tests clear it)
         return __init__
 
     _patch("video-num-frames-ignored", VideoMediaIO, "__init__", make)

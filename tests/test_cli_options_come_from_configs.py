@@ -50,8 +50,8 @@ def test_draft_defaults_have_one_source():
     train, job = TrainConfig(capture="c", out="o"), CaptionJob(inputs="i", out="o", target="t")
     sparrow = SparrowConfig(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, head_dim=4,
                             intermediate_size=8, vocab_size=8)
-    assert (train.anchor_tokens, train.window_tokens, train.speculative_tokens) == \
-        (sparrow.anchor_tokens, sparrow.window_tokens, sparrow.speculative_tokens)
+    assert (train.anchor_tokens, train.window_tokens) == (sparrow.anchor_tokens, sparrow.window_tokens)
+    assert train.speculative_tokens is None  # training records the depth its replay measured (depth.py)
     assert job.num_speculative_tokens is None  # caption drafts at the draft's recommended depth, as vLLM serves it
     args = _parse(["init-draft", "--target", "t", "--out", "o"])
     assert (args.anchor_tokens, args.window_tokens, args.speculative_tokens) == \

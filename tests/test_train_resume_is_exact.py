@@ -150,8 +150,12 @@ def test_the_commands_say_what_happened_to_a_finished_a_changed_and_a_missing_ru
     assert "rerun with a larger --steps" in again.stdout
     changed = subprocess.run(argv[:-2] + ["--log-every", "3", "--mtp-steps", "2"], capture_output=True, text=True,
                              timeout=600)
-    assert changed.returncode == 2 and "other settings (mtp_steps)" in changed.stderr, changed.stderr[-3000:]
+    assert changed.returncode == 2 and "other settings (mtp_steps: 1 there, 2 now)" in changed.stderr, changed.stderr[-3000:]
     assert "Traceback" not in changed.stderr
+    baseline = subprocess.run(argv[:6] + ["--out", str(tmp_path / "eagle"), "--draft-kind", "eagle"],
+                              capture_output=True, text=True, timeout=600)  # a plain capture has no EAGLE states
+    assert baseline.returncode == 2 and "captured without --eagle-baseline" in baseline.stderr, baseline.stderr[-3000:]
+    assert "Traceback" not in baseline.stderr and not (tmp_path / "eagle" / "checkpoint.pt").exists()
     missing = subprocess.run([sys.executable, "-m", "vllm_sparrow.cli", "export", "--run", str(tmp_path / "nowhere"),
                               "--out", str(tmp_path / "d")], capture_output=True, text=True, timeout=600)
     assert missing.returncode == 2 and "no such run directory" in missing.stderr, missing.stderr[-3000:]

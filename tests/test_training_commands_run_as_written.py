@@ -183,6 +183,8 @@ def test_training_docs_commands_train_a_sparrow_draft_and_both_baselines(tmp_pat
         assert "--steps" not in line, line  # else the placeholder rule above applies
         out = _run([*_argv(line), "--steps", str(STEPS)], tmp_path)
         assert f"trained {STEPS} steps" in out and f"draft exported to run-{kind}/draft\nnext: " in out, out
+        named = json.loads(re.search(r"--speculative-config '(.*)'$", out, re.M)[1])  # the config the command names
+        assert named["method"] == kind and named["model"] == f"run-{kind}/draft" and named["num_speculative_tokens"] >= 1
         served = json.loads(re.search(rf'\{{"method": "{kind}".*?\}}', block)[0])  # the documented config
         draft = tmp_path / served["model"]
         architecture = json.loads((draft / "config.json").read_text())["architectures"]

@@ -4,6 +4,7 @@ plus the commands other installed packages add (the demo kit's `demo` and `bench
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -46,11 +47,11 @@ def _probe_layers(args) -> int:
 
 
 def _train(args) -> int:
-    from .training.train import RunSettingsChanged, TrainConfig, train
+    from .training.train import TrainConfig, TrainingRefused, train
 
     try:
         result = train(from_args(TrainConfig, args))
-    except RunSettingsChanged as e:
+    except TrainingRefused as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if int(os.environ.get("RANK", "0")) != 0:
@@ -62,10 +63,16 @@ def _train(args) -> int:
     else:
         print(f"trained {result.steps} steps: loss {result.last_loss:.4f}, top-1 {result.top1:.3f}")
     if acc is not None:
-        print(f"simulated mean acceptance length on {args.holdout} held-out samples (K={args.speculative_tokens}, "
+        print(f"simulated mean acceptance length on {args.holdout} held-out samples (K={len(acc.per_position)}, "
               f"bonus included): {acc.mean_acceptance_length:.3f} over {acc.drafts} drafts")
+    spec = {"method": args.draft_kind, "model": str(result.draft_dir)}
+    if result.depth is not None and args.draft_kind == "sparrow":
+        print(f"{result.depth.summary()}; written into {result.draft_dir}/config.json (the plugin drafts it "
+              "unless num_speculative_tokens is given)")
+    elif args.draft_kind != "sparrow":  # vLLM's eagle / eagle3 need the depth in the speculative config
+        spec["num_speculative_tokens"] = args.speculative_tokens or (result.depth.depth if result.depth else 3)
     print(f"draft exported to {result.draft_dir}\nnext: serve it with vllm serve TARGET --speculative-config "
-          f"'{{\"method\": \"sparrow\", \"model\": \"{result.draft_dir}\"}}'")
+          f"'{json.dumps(spec)}'")
     return 0
 
 

@@ -44,7 +44,11 @@ def export_run(run_dir: str | Path, out_dir: str | Path, draft_vocab: int | None
     recipe = recipe_for(kind)
     from types import SimpleNamespace
 
-    draft = recipe.load(init, SimpleNamespace(device="cpu", speculative_tokens=cfg["speculative_tokens"]))
+    from .train import recorded_depth
+
+    # The depth asked for at training, else the one its final validation chose (else the init's).
+    depth = cfg.get("speculative_tokens") or recorded_depth(run)
+    draft = recipe.load(init, SimpleNamespace(device="cpu", speculative_tokens=depth))
     draft.load_state_dict(weights)
     out = recipe.save(draft, out_dir, cfg)
     if kind != "sparrow":

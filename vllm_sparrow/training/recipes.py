@@ -15,11 +15,13 @@ from typing import Protocol
 import torch
 
 from .acceptance import AcceptanceEstimate, estimate_acceptance, estimate_acceptance_full_stream
+from .depth import replay_depth
 from .objective import StageResult, unrolled_stages
 
 
 class Recipe(Protocol):
     kind: str
+    capture_flag: str | None  # the capture setting whose states this kind trains on (None: every capture)
 
     def init(self, cfg, target_dir: str, path: Path) -> None:
         """Write a randomly initialised draft for the target to `path`."""
@@ -44,18 +46,20 @@ def _scored(cfg, n: int, first_response: int, device) -> torch.Tensor:
 
 class SparrowRecipe:
     kind = "sparrow"
+    capture_flag = None
 
     def init(self, cfg, target_dir, path):
         from ..checkpoint import init_draft
 
         init_draft(target_dir, path, anchor_tokens=cfg.anchor_tokens, window_tokens=cfg.window_tokens,
-                   speculative_tokens=cfg.speculative_tokens, seed=cfg.seed)
+                   seed=cfg.seed)
 
     def load(self, path, cfg):
         from ..checkpoint import load_draft
 
         draft = load_draft(path, device=cfg.device)
-        draft.cfg.speculative_tokens = cfg.speculative_tokens
+        if cfg.speculative_tokens is not None:  # else the depth is chosen after validation (train.py)
+            draft.cfg.speculative_tokens = cfg.speculative_tokens
         return draft
 
     def stages(self, cfg, draft, io, bridge, sample, gen, show_visual):
@@ -71,7 +75,7 @@ class SparrowRecipe:
         return unrolled_stages(draft, io, tokens, hidden, scored, cfg.mtp_steps, cfg.hidden_loss_weight, visual)
 
     def validate(self, cfg, draft, io, samples):
-        return estimate_acceptance(draft, io, samples, cfg.speculative_tokens)
+        return estimate_acceptance(draft, io, samples, replay_depth(cfg.speculative_tokens))
 
     def save(self, draft, out_dir, cfg):
         from ..checkpoint import save_draft
@@ -81,6 +85,7 @@ class SparrowRecipe:
 
 class EagleRecipe:
     kind = "eagle"
+    capture_flag = "eagle_baseline"
 
     def init(self, cfg, target_dir, path):
         from transformers import AutoConfig
@@ -105,7 +110,7 @@ class EagleRecipe:
                                cfg.hidden_loss_weight, rope_positions=positions.to(dev))
 
     def validate(self, cfg, draft, io, samples):
-        return estimate_acceptance_full_stream(draft, io, samples, cfg.speculative_tokens)
+        return estimate_acceptance_full_stream(draft, io, samples, replay_depth(cfg.speculative_tokens))
 
     def save(self, draft, out_dir, cfg):
         return draft.save(out_dir)
@@ -126,6 +131,7 @@ class _Eagle3TokenIO:
 
 class Eagle3Recipe:
     kind = "eagle3"
+    capture_flag = "eagle3"
 
     def init(self, cfg, target_dir, path):
         from .eagle3 import init_eagle3
@@ -163,7 +169,7 @@ class Eagle3Recipe:
         from .acceptance import estimate_acceptance_eagle3
 
         return estimate_acceptance_eagle3(draft, _Eagle3TokenIO(draft, io), io, samples,
-                                          cfg.speculative_tokens, self._stream)
+                                          replay_depth(cfg.speculative_tokens), self._stream)
 
     def save(self, draft, out_dir, cfg):
         return draft.save(out_dir)

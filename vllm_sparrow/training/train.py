@@ -4,7 +4,7 @@ Run directory:
   train_config.json      the TrainConfig of the run (a resume must use the same)
   checkpoint.pt          draft + bridge + optimizer + step + RNG state, every `save_every` steps
   draft/                 the exported Sparrow draft (config.json + model.safetensors)
-  log.jsonl              one line per logged step / validation
+  log.jsonl              one line per logged step / validation (and the depth chosen, depth.py)
 Deterministic for a given seed and configuration (sample order and visual subsets come from
 seeded generators; resuming restores them). Data parallel: launch with torchrun; each rank
 takes every world_size-th sample and gradients (draft and bridge) are all-reduced before each
@@ -22,9 +22,10 @@ from pathlib import Path
 import torch
 
 from ..cli_args import knob, optional_window
-from ..config import SparrowConfig
+from ..config import MAX_SPECULATIVE_TOKENS, SparrowConfig
 from ..durable import append_jsonl, atomic_torch_save, atomic_write_json, atomic_write_text, read_jsonl
 from .acceptance import AcceptanceEstimate
+from .depth import DepthChoice, choose_depth
 from .ivsb import VisualBridge, visual_shown
 from .recipes import recipe_for
 from .shards import ShardReader
@@ -59,8 +60,14 @@ class TrainConfig:
                               flag="--anchors")
     window_tokens: int | None = knob(SparrowConfig.window_tokens, "window text tokens W, or 'none' for all "
                                      "(random init only)", flag="--window", parse=optional_window)
-    speculative_tokens: int = knob(SparrowConfig.speculative_tokens, "K of the validation replay and the "
-                                   "exported default", flag="--k")
+    speculative_tokens: int | None = knob(
+        None, f"depth the exported draft recommends (its speculative_tokens) and of the validation replay; omit: "
+              f"replay at {MAX_SPECULATIVE_TOKENS} and record the depth with the most tokens per unit of step cost "
+              "(--draft-step-cost, --verify-token-cost)", flag="--k")
+    draft_step_cost: float = knob(0.1, "cost of one draft forward relative to a verify step, for the recorded "
+                                       "depth (0.1: a one-layer draft of a 7B target on a GPU)")
+    verify_token_cost: float = knob(0.1, "cost of one more verified token relative to a verify step's fixed cost, "
+                                         "for the recorded depth (as in calibrate-stop)")
     holdout: int = knob(2, "last N captured samples: validation only")
     val_every: int = knob(0, "validate every N steps (0: at the end only)")
     save_every: int = knob(100, "checkpoint every N steps")
@@ -78,6 +85,7 @@ class TrainResult:
     acceptance: AcceptanceEstimate | None
     draft_dir: Path
     already_done: bool = False  # the run had reached --steps before this call (nothing trained)
+    depth: DepthChoice | None = None  # chosen from the final replay (Sparrow drafts, no --k given)
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
@@ -86,6 +94,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     out.mkdir(parents=True, exist_ok=True)
     _check_config(out, cfg, rank)
     reader = ShardReader(cfg.capture)
+    _check_capture(cfg, reader)
     if len(reader) <= cfg.holdout:
         raise ValueError(f"{cfg.capture} has {len(reader)} samples; need more than holdout={cfg.holdout}")
     train_idx = list(range(len(reader) - cfg.holdout))
@@ -148,14 +157,40 @@ def _loop(cfg, out, reader, train_idx, val_idx, draft, io, bridge, opt, state, r
         bar.update(1)
     bar.close()
     draft_dir = out / "draft"
-    acceptance = None
+    acceptance = depth = None
     if rank == 0:  # export first: a validation that fails (a damaged shard) must not cost the draft
         recipe_for(cfg.draft_kind).save(draft, draft_dir, cfg)
         try:
             acceptance = _validate(cfg, out, reader, val_idx, draft, io, step)
+            depth = _record_depth(cfg, out, draft_dir, acceptance, step)
         except Exception as e:  # noqa: BLE001 - the exported draft stands whatever validation does
             log.warning("final validation failed (%s); the draft was exported to %s", e, draft_dir)
-    return TrainResult(step, last_loss, top1, acceptance, draft_dir, already_done)
+    return TrainResult(step, last_loss, top1, acceptance, draft_dir, already_done, depth)
+
+
+def _record_depth(cfg: TrainConfig, out: Path, draft_dir: Path, est: AcceptanceEstimate,
+                  step: int) -> DepthChoice | None:
+    """Without --k, the depth the replay measured best (depth.py), logged (export of a checkpoint
+    reads it back); a Sparrow draft records it in its config.json (the baselines' vLLM formats
+    have no such field: the command names it in the config to serve them with)."""
+    if cfg.speculative_tokens is not None:
+        return None
+    if not est.drafts:
+        log.warning("no held-out sample was long enough to replay a draft: no depth chosen for %s", draft_dir)
+        return None
+    choice = choose_depth(est, cfg.draft_step_cost, cfg.verify_token_cost)
+    if cfg.draft_kind == "sparrow":
+        SparrowConfig.load(draft_dir).replace(speculative_tokens=choice.depth).save(draft_dir)
+    _log(out, 0, {"step": step, "recommended_depth": choice.depth, "tokens_per_step": choice.tokens_per_step,
+                  "speed": choice.speed})
+    log.info("%s", choice.summary())
+    return choice
+
+
+def recorded_depth(run: Path) -> int | None:
+    """The depth the run's last final validation chose (None: none chosen yet)."""
+    rows = [r for r in read_jsonl(run / "log.jsonl", repair=False) if "recommended_depth" in r]
+    return rows[-1]["recommended_depth"] if rows else None
 
 
 def _load(reader, pos: int) -> dict | None:
@@ -222,8 +257,22 @@ def _trim_log(path: Path, step: int) -> None:
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
-class RunSettingsChanged(ValueError):
-    """The output directory holds a run with other settings; the message says what to do."""
+class TrainingRefused(ValueError):
+    """A run that cannot start as asked; the message says what to do (the CLI prints it alone)."""
+
+
+class RunSettingsChanged(TrainingRefused):
+    """The output directory holds a run with other settings."""
+
+
+def _check_capture(cfg: TrainConfig, reader: ShardReader) -> None:
+    """A baseline trains on states only a capture made with its flag holds: refused before any
+    work, not at the first sample."""
+    flag = recipe_for(cfg.draft_kind).capture_flag
+    if flag and not reader.manifest.settings.get(flag):
+        raise TrainingRefused(f"{cfg.capture} was captured without --{flag.replace('_', '-')}, and a "
+                              f"{cfg.draft_kind} draft trains on the states it adds: capture again with "
+                              f"--{flag.replace('_', '-')} (into a new --out) and train on that")
 
 
 def settings_changed(out: Path, cfg: TrainConfig) -> list[str]:
@@ -244,7 +293,9 @@ def _resumable_settings(cfg: TrainConfig) -> dict:
 def _check_config(out: Path, cfg: TrainConfig, rank: int) -> None:
     diff = settings_changed(out, cfg)
     if diff:
-        raise RunSettingsChanged(f"{out} is a run with other settings ({', '.join(diff)}); use a new "
+        old, mine = json.loads((out / "train_config.json").read_text()), _resumable_settings(cfg)
+        changes = ", ".join(f"{k}: {old.get(k)!r} there, {mine[k]!r} now" for k in diff)
+        raise RunSettingsChanged(f"{out} is a run with other settings ({changes}); use a new "
                                  "--out, or the same settings to resume (only --steps may grow)")
     if rank == 0 and not (out / "train_config.json").is_file():
         atomic_write_json(out / "train_config.json", _resumable_settings(cfg))

@@ -1,0 +1,62 @@
+"""The depth a trained draft recommends (its config.json `speculative_tokens`, what the plugin
+drafts when the user gives no num_speculative_tokens), chosen from its held-out replay.
+
+The replay (acceptance.py) drafts chains of K_max tokens and counts, per position i, the drafts
+whose first i tokens were all accepted. Under greedy verification a chain of k < K_max tokens is
+accepted exactly as far as the first k tokens of the longer one, so one replay at K_max gives the
+expected tokens per verify step at every depth (bonus token included):
+
+    tokens(k) = 1 + sum_{i <= k} accepted_at[i] / drafts
+
+A step that drafts k tokens costs the verify step's fixed cost (1), k draft forwards
+(draft_step_cost each) and k more verified tokens (verify_token_cost each, the marginal cost
+`sparrow calibrate-stop` uses), so the rate is
+
+    speed(k) = tokens(k) / (1 + k * (draft_step_cost + verify_token_cost))
+
+and the recommended depth is the k that maximises it (the shallowest of equals). Worked example:
+per-position acceptance 0.9, 0.8, 0.5, 0.2 of 100 drafts and costs 0.1 + 0.1: tokens = 1.9, 2.7,
+3.2, 3.4; speed = 1.58, 1.93, 2.00, 1.89, so depth 3.
+
+The costs are the serving hardware's, not the draft's: the defaults fit a one-layer draft of a
+7B target on a GPU at small batch (a draft forward reads ~1/10 of the target's weights; one more
+verified token costs ~1/10 of a step). Measure yours (vLLM's draft and step times) and retrain's
+choice follows with --draft-step-cost / --verify-token-cost, or set the depth with --k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import MAX_SPECULATIVE_TOKENS
+from .acceptance import AcceptanceEstimate
+
+
+@dataclass
+class DepthChoice:
+    depth: int  # the recommended speculative_tokens
+    tokens_per_step: list[float]  # [K_max] expected tokens per verify step drafting 1..K_max (bonus incl.)
+    speed: list[float]  # [K_max] tokens per unit of step cost at depth 1..K_max
+
+    def summary(self) -> str:
+        rows = ", ".join(f"K={k}: {t:.2f} tok/step, {s:.2f}" for k, (t, s) in
+                         enumerate(zip(self.tokens_per_step, self.speed), 1))
+        return f"recommended depth {self.depth} (tokens per step and per unit of step cost: {rows})"
+
+
+def choose_depth(est: AcceptanceEstimate, draft_step_cost: float, verify_token_cost: float) -> DepthChoice:
+    """The depth with the most tokens per unit of step cost, from a replay at depth len(per_position)."""
+    if not est.drafts:
+        raise ValueError("the replay made no drafts: no held-out sample is long enough to choose a depth from")
+    tokens, accepted = [], 0
+    for count in est.per_position:
+        accepted += count
+        tokens.append(1 + accepted / est.drafts)
+    speed = [t / (1 + k * (draft_step_cost + verify_token_cost)) for k, t in enumerate(tokens, 1)]
+    return DepthChoice(1 + speed.index(max(speed)), tokens, speed)
+
+
+def replay_depth(speculative_tokens: int | None) -> int:
+    """K of the validation replay: the depth asked for, else the deepest the plugin serves (one
+    replay at the deepest depth measures every shallower one)."""
+    return speculative_tokens or MAX_SPECULATIVE_TOKENS

@@ -2,7 +2,8 @@
 video, bad videos become error rows while the rest are captioned, a run stopped after a few
 items (--limit) resumes, a run killed with SIGKILL in the middle of writing a row, and its rerun
 killed again at another row, loses nothing and duplicates nothing when rerun, Ctrl-C ends with
-the resume hint (vLLM's output in a log file), error rows run again only when asked, a rerun
+the resume hint (vLLM's output in a log file), also while the engine is still starting (within
+seconds, no engine process left), error rows run again only when asked, a rerun
 with nothing to do starts no engine, ids are unique and come from the media path, and captions
 with Sparrow equal the target's own greedy captions."""
 
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 from conftest import ENGINE_DEFAULTS, close_llm, make_llm
 
@@ -169,6 +171,68 @@ def test_ctrl_c_ends_with_the_resume_hint_and_vllms_output_stays_in_its_log(tmp_
     idle = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert idle.returncode == 0 and "nothing to do: all 8 items" in idle.stdout, idle.stdout + idle.stderr
     assert time.time() - t0 < 30  # no engine was started
+
+
+def _session(sid: int) -> list[psutil.Process]:
+    """The running processes of a session (start_new_session: the command and all it started;
+    vLLM's processes keep their parent's session, orphaned or not); zombies hold nothing."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+    return found
+
+
+def test_ctrl_c_while_the_engine_starts_ends_at_once_and_leaves_no_engine_process(tmp_path, target_dirs):
+    """Ctrl-C while vLLM's engine core process is still starting: vLLM's front end waits for it
+    in a start-up handshake that drops a KeyboardInterrupt, and then waited up to 10 minutes for
+    an engine core the same Ctrl-C had killed. Now (lifetime.interruptible_start) the command
+    ends within seconds with the same resume line, and no process it started outlives it."""
+    clips = tmp_path / "clips"
+    write_synthetic_clip(clips / "c0.mp4", 8, seed=40)
+    out, log = tmp_path / "out.jsonl", tmp_path / "out.jsonl.vllm.log"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("VLLM_ENABLE_V1_MULTIPROCESSING", "SPARROW_KILL_AT_WRITE", "SPARROW_PARENT_PID")}
+    cmd = [sys.executable, "-m", "vllm_sparrow.cli", "caption", "--target", str(target_dirs(KIND)), "--inputs",
+           str(clips), "--out", str(out), "--frames", "8", "--max-tokens", "8",
+           "--engine-args", json.dumps({**ENGINE_DEFAULTS, "max_model_len": 2048})]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        text = ""
+        while "(EngineCore" not in text:  # the engine core process logs: it runs, and is not ready yet
+            assert proc.poll() is None, proc.communicate()[1][-3000:] + text[-3000:]
+            assert time.monotonic() < deadline, f"no engine core within 300 s: {text[-3000:]}"
+            time.sleep(0.05)
+            text = log.read_text(errors="replace") if log.exists() else ""
+        assert "init engine" not in text  # vLLM's line once the engine core is ready: still starting
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: the command and vLLM's processes
+        t0 = time.monotonic()
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("sparrow caption still runs 60 s after Ctrl-C during engine start-up")
+        ended = time.monotonic() - t0
+        terminal = stdout + stderr
+        assert proc.returncode == 130, terminal[-3000:]
+        assert "interrupted: 0 rows written" in stdout and "rerun the same command to resume" in stdout, terminal
+        assert "Traceback" not in terminal, terminal[-3000:]
+        assert ended < 30, f"ended {ended:.1f} s after Ctrl-C"
+        gone_by = time.monotonic() + 15
+        while (left := _session(proc.pid)) and time.monotonic() < gone_by:
+            time.sleep(0.2)
+        assert not left, [(p.pid, p.cmdline()) for p in left]
+        print(f"ended {ended:.1f} s after Ctrl-C during engine start-up; no process left")
+    finally:
+        for p in _session(proc.pid):  # so that a failure leaves nothing behind
+            p.kill()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def test_ids_come_from_the_media_path_and_duplicates_are_refused(tmp_path):

@@ -249,9 +249,12 @@ def _templater(target: str):
 def _engine(job: CaptionJob):
     from vllm import LLM
 
+    from .lifetime import interruptible_start
+
     kw = dict(model=job.target, limit_mm_per_prompt={"video": 1}, disable_log_stats=False)
     if job.draft:
         kw["speculative_config"] = {"method": "sparrow", "model": job.draft}
         if job.num_speculative_tokens is not None:
             kw["speculative_config"]["num_speculative_tokens"] = job.num_speculative_tokens
-    return LLM(**{**kw, **job.engine_args})
+    with interruptible_start():  # Ctrl-C while it starts: KeyboardInterrupt, not lost in vLLM's start-up wait
+        return LLM(**{**kw, **job.engine_args})

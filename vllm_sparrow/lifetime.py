@@ -26,6 +26,15 @@ Known window: a spawned engine core runs register() only in EngineCore.__init__,
 startup handshake with the front end. Killed before that, it holds no model yet and exits by
 itself when the handshake times out (vllm.v1.engine.core.HANDSHAKE_TIMEOUT_MINS, 5 minutes).
 
+Ctrl-C while an engine starts (interruptible_start()): vLLM 0.32's front end waits for its engine
+core inside vllm.utils.network_utils.zmq_socket_ctx, which catches KeyboardInterrupt and drops it;
+the front end then waits VLLM_ENGINE_READY_TIMEOUT_S (10 minutes) for a ready message from an
+engine core that the same Ctrl-C (the terminal signals the whole process group) has killed. So a
+command opens its engines inside interruptible_start(), where SIGINT raises an exception that no
+`except KeyboardInterrupt` catches: vLLM's cleanup on the way (its finally blocks: the client's
+finalizer stops the engine processes) still runs, and the block turns it back into
+KeyboardInterrupt.
+
 SPARROW_PARENT_PID is read only here. Nothing here may stop vLLM from starting: on another OS, or
 on any failure, it logs one line and the process carries on without the guard.
 """
@@ -166,6 +175,42 @@ def _alive(pid: int) -> bool:
     except PermissionError:  # exists, another user's (a reused pid): not ours to judge
         return True
     return True
+
+
+class _StartInterrupted(BaseException):
+    """SIGINT inside interruptible_start(): not a KeyboardInterrupt, so no library code on the way
+    out drops it; the block raises KeyboardInterrupt in its place."""
+
+
+class interruptible_start:
+    """`with interruptible_start(): llm = LLM(...)`: Ctrl-C while the engine starts raises
+    KeyboardInterrupt out of the block within moments, the engine processes stopped by vLLM's own
+    cleanup on the way, instead of being lost in vLLM's start-up wait (the docstring above). Any
+    other exception after a SIGINT (the engine core, signalled too, died first: "Engine core
+    initialization failed") leaves as KeyboardInterrupt too. Active only in the main thread while
+    SIGINT has Python's default handler (not ignored, nobody else's handler); it changes nothing
+    else, and restores the handler on the way out."""
+
+    def __enter__(self):
+        self.interrupted = False
+        self._previous = None
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def _on_sigint(self, signum, frame) -> None:
+        self.interrupted = True
+        if frame is not None and frame.f_code is interruptible_start.__exit__.__code__:
+            raise KeyboardInterrupt  # leaving the block already: nothing left in it to drop it
+        raise _StartInterrupted
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        if exc_type is not None and self.interrupted and not issubclass(exc_type, KeyboardInterrupt):
+            raise KeyboardInterrupt from None
+        return False
 
 
 def _multiprocessing_parent() -> int | None:

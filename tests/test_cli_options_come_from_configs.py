@@ -68,3 +68,27 @@ def test_every_option_and_choice_of_every_command_has_help():
     empty = [f"{name} {'/'.join(a.option_strings) or a.dest}" for name, sub in commands.choices.items()
              for a in sub._actions if not isinstance(a, argparse._HelpAction) and not (a.help or "").strip()]
     assert not empty, empty
+
+
+def test_a_draft_config_json_round_trips_and_absent_fields_take_the_dataclass_defaults():
+    """from_json_dict restated every default (4 anchors, window 512, eps, RoPE base...): a changed
+    default would have split in two. Now a field the file lacks is the dataclass's."""
+    import dataclasses
+
+    import pytest
+
+    from vllm_sparrow.config import DraftConfigError
+
+    shipped = SparrowConfig.load("models/world/sparrow")
+    assert SparrowConfig.from_json_dict(shipped.to_json_dict()) == shipped
+    sparse = shipped.to_json_dict()
+    for key in ("anchor_tokens", "window_tokens", "has_own_lm_head"):
+        del sparse[key]
+    del sparse["transformer_layer_config"]["rope_theta"]
+    loaded = SparrowConfig.from_json_dict(sparse)
+    defaults = {f.name: f.default for f in dataclasses.fields(SparrowConfig)}
+    for name in ("anchor_tokens", "window_tokens", "has_own_lm_head", "rope_theta"):
+        assert getattr(loaded, name) == defaults[name], name
+    del sparse["transformer_layer_config"]["vocab_size"]
+    with pytest.raises(DraftConfigError, match="vocab_size"):
+        SparrowConfig.from_json_dict(sparse)

@@ -22,6 +22,18 @@ CONFIG_FILE = "config.json"
 MAX_SPECULATIVE_TOKENS = 8  # deepest chain a Sparrow draft is served at (README, docs/serving.md)
 
 
+# config.json fields read into SparrowConfig (from_json_dict); the shape fields must be there.
+_REQUIRED_LAYER_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                          "intermediate_size", "vocab_size")
+_TOP_LEVEL_FIELDS = ("anchor_tokens", "window_tokens", "ivsb_layer", "stop_confidence", "tree_topk", "tree_budget",
+                     "has_own_embed_tokens", "has_own_lm_head")
+
+
+def _present(source: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """{field: source[key]} for the `names` (field -> key) that source holds."""
+    return {f: source[k] for f, k in names.items() if k in source}
+
+
 class DraftConfigError(ValueError):
     """A draft directory or config that cannot be used; the message says what to do."""
 
@@ -162,30 +174,20 @@ class SparrowConfig(LayerShape):
             layer = d["transformer_layer_config"]
             spec = d["speculators_config"]
             verifier = spec.get("verifier", {})
-            cfg = cls(
-                hidden_size=layer["hidden_size"],
-                num_attention_heads=layer["num_attention_heads"],
-                num_key_value_heads=layer["num_key_value_heads"],
-                head_dim=layer["head_dim"],
-                intermediate_size=layer["intermediate_size"],
-                vocab_size=layer["vocab_size"],
-                rms_norm_eps=layer.get("rms_norm_eps", 1e-6),
-                rope_theta=layer.get("rope_theta", 10000.0),
-                anchor_tokens=d.get("anchor_tokens", 4),
-                window_tokens=d.get("window_tokens", 512),
-                ivsb_layer=d.get("ivsb_layer"),
-                stop_confidence=d.get("stop_confidence"),
-                tree_topk=d.get("tree_topk"),
-                tree_budget=d.get("tree_budget"),
-                has_own_embed_tokens=d.get("has_own_embed_tokens", False),
-                has_own_lm_head=d.get("has_own_lm_head", False),
-                verifier_name_or_path=verifier.get("name_or_path", ""),
-                verifier_architecture=(verifier.get("architectures") or [""])[0],
-                verifier_num_layers=verifier.get("num_hidden_layers"),
-                verifier_weights=verifier.get("weights_fingerprint"),
-                speculative_tokens=spec["proposal_methods"][0]["speculative_tokens"],
-                extra=d.get("sparrow_extra", {}),
-            )
+            # Only the fields the file holds: an absent one takes the dataclass default (one source).
+            fields = {
+                **{k: layer[k] for k in _REQUIRED_LAYER_FIELDS},
+                **_present(layer, {"rms_norm_eps": "rms_norm_eps", "rope_theta": "rope_theta"}),
+                **_present(d, {k: k for k in _TOP_LEVEL_FIELDS}),
+                **_present(d, {"extra": "sparrow_extra"}),
+                **_present(verifier, {"verifier_name_or_path": "name_or_path",
+                                      "verifier_num_layers": "num_hidden_layers",
+                                      "verifier_weights": "weights_fingerprint"}),
+                "speculative_tokens": spec["proposal_methods"][0]["speculative_tokens"],
+            }
+            if verifier.get("architectures"):
+                fields["verifier_architecture"] = verifier["architectures"][0]
+            cfg = cls(**fields)
         except (KeyError, IndexError, TypeError) as e:
             raise DraftConfigError(f"Sparrow draft config.json is missing a field: {e}") from e
         if d.get("target_hidden_size", cfg.hidden_size) != cfg.hidden_size:

@@ -1,6 +1,6 @@
 """`sparrow bench --quick` (the CI smoke size of the long-video benchmark) measures every method
-on the demo models through vLLM, at batch size 1 and with clips submitted together, and writes
-the JSON records, the markdown table and the plot."""
+on the demo models through vLLM, at batch size 1 and with clips submitted together, in rounds
+whose method order changes, and writes the JSON records, the markdown table and the plot."""
 
 import json
 import subprocess
@@ -13,6 +13,7 @@ METHODS = ("none", "sparrow", "eagle", "eagle3", "ngram", "untrained")
 def test_quick_benchmark_measures_every_method_at_every_length(quick_bench):
     cfg, records = quick_bench
     assert set(records) == {(m, n, b) for m in METHODS for n in cfg.lengths for b in cfg.batch_sizes}
+    assert len((Path(cfg.out) / "records.jsonl").read_text().splitlines()) == len(records) * cfg.rounds
     assert max(cfg.batch_sizes) > 1
     for (method, n, b), r in records.items():
         assert r["decode_tok_s"] > 0 and r["e2e_s"] > 0
@@ -27,8 +28,9 @@ def test_quick_benchmark_measures_every_method_at_every_length(quick_bench):
             # the counters match the outputs: a verify step yields its accepted drafts + 1 token,
             # the prefill one more per request, and a request's last step may overshoot max
             # tokens or end at EOS (dropping up to K) or go undrafted (one token)
+            # (counters are pooled over the rounds, each of which produced these outputs)
             produced, reqs = sum(len(ids) for ids in r["output_token_ids"]), len(r["output_token_ids"])
-            upper = reqs + r["drafts"] + r["accepted"]
+            upper = reqs + (r["drafts"] + r["accepted"]) / cfg.rounds
             assert upper - reqs * cfg.num_speculative_tokens <= produced <= upper + reqs, (method, n, b, produced, upper)
 
 
@@ -68,6 +70,62 @@ def test_draft_cache_holds_text_only_for_sparrow_and_every_token_for_eagle(quick
     assert records[("eagle", long, 1)]["draft_cache_bytes"] > 2 * records[("eagle", short, 1)]["draft_cache_bytes"]
 
 
+def test_each_number_is_the_median_of_rounds_with_its_range(quick_bench):
+    """Every record summarises cfg.rounds measurements: timed values are the median with [min,
+    max] beside them, speedups taken within each round (against that round's no-speculation
+    engine), the greedy outputs the same in every round."""
+    import statistics
+
+    cfg, records = quick_bench
+    assert cfg.rounds >= 2
+    for key, r in records.items():
+        assert r["rounds"] == cfg.rounds and r["outputs_equal_across_rounds"], key
+        for name in ("decode_tok_s", "e2e_s", *(("decode_speedup",) if key[0] != "none" else ())):
+            values = r["per_round"][name]
+            assert len(values) == cfg.rounds and r[name] == statistics.median(values), (key, name)
+            assert r[name + "_range"] == [min(values), max(values)], (key, name)
+    for (method, n, b), r in records.items():
+        base = records[("none", n, b)]["per_round"]["decode_tok_s"]
+        assert r["per_round"]["decode_speedup"] == [t / t0 for t, t0 in zip(r["per_round"]["decode_tok_s"], base)]
+
+
+def test_rounds_change_which_method_each_method_follows():
+    """The order effect: the method measured right after `none` came out worst in every run. Each
+    round takes a Williams-square row, so over three rounds of four to eight methods no method
+    follows the same method twice, nor sits at the same place twice where avoidable."""
+    from sparrow_world.bench.run import round_orders
+
+    for m in range(2, 9):
+        methods = [f"m{i}" for i in range(m)]
+        orders = round_orders(methods, 3)
+        assert all(sorted(o) == methods for o in orders)
+        before = [(a, b) for o in orders for a, b in zip(o, o[1:])]
+        assert len(set(before)) == len(before) or m < 4, (m, orders)
+    assert round_orders(["none", "sparrow"], 2) == [["none", "sparrow"], ["sparrow", "none"]]
+
+
+def test_summary_pools_counters_and_flags_outputs_that_differ_between_rounds():
+    from sparrow_world.bench.run import summarize
+
+    def rec(method, r, tok_s, ids, drafts=0, accepted=0, per_pos=None):
+        out = {"method": method, "visual_tokens": 512, "batch": 1, "round": r, "decode_tok_s": tok_s, "e2e_s": 1.0,
+               "output_token_ids": ids}
+        if drafts:
+            out.update(drafts=drafts, accepted=accepted, draft_tokens=3 * drafts, per_position=per_pos)
+        return out
+
+    done = {("none", 512, 1, 0): rec("none", 0, 10.0, [[1, 2]]), ("none", 512, 1, 1): rec("none", 1, 20.0, [[1, 2]]),
+            ("s", 512, 1, 0): rec("s", 0, 30.0, [[1, 2]], 10, 20, [1.0, 0.6, 0.4]),
+            ("s", 512, 1, 1): rec("s", 1, 30.0, [[1, 3]], 30, 30, [0.6, 0.2, 0.2])}
+    none, s = summarize(done, ["none", "s"], [(512, 1)], 2)
+    assert s["per_round"]["decode_speedup"] == [3.0, 1.5] and s["decode_speedup"] == 2.25
+    assert s["decode_speedup_range"] == [1.5, 3.0] and "round" not in s
+    assert (s["drafts"], s["accepted"], s["acceptance_length"]) == (40, 50, 2.25)
+    assert [round(p, 3) for p in s["per_position"]] == [0.7, 0.3, 0.25]
+    assert not s["outputs_equal_no_spec"] and not s["outputs_equal_across_rounds"]
+    assert none["outputs_equal_across_rounds"] and none["decode_tok_s"] == 15.0
+
+
 def test_results_json_table_and_plot_are_written(quick_bench):
     cfg, records = quick_bench
     out = Path(cfg.out)
@@ -77,7 +135,10 @@ def test_results_json_table_and_plot_are_written(quick_bench):
     assert results["settings"]["lengths"] == list(cfg.lengths)
     table = (out / "table.md").read_text()
     assert "CPU only" in table or "GPU" in table
-    assert sum(line.startswith("| sparrow |") for line in table.splitlines()) == len(cfg.lengths) * len(cfg.batch_sizes)
+    sparrow_rows = [line for line in table.splitlines() if line.startswith("| sparrow |")]
+    assert len(sparrow_rows) == len(cfg.lengths) * len(cfg.batch_sizes)
+    lo, hi = records[("sparrow", cfg.lengths[0], 1)]["decode_speedup_range"]
+    assert f"({lo:.2f}-{hi:.2f})" in sparrow_rows[0] and f"over {cfg.rounds} rounds" in table
     assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -89,7 +150,8 @@ def test_a_run_killed_while_writing_a_record_measures_only_what_is_missing(tmp_p
 
     models = Path(__file__).resolve().parents[1] / "models" / "world"
     cmd = [sys.executable, "-m", "vllm_sparrow.cli", "bench", "--out", str(tmp_path / "b"), "--methods", "none",
-           "--lengths", "512,1536", "--clips", "1", "--max-tokens", "16", "--target", str(models / "target")]
+           "--lengths", "512,1536", "--clips", "1", "--max-tokens", "16", "--rounds", "1",
+           "--target", str(models / "target")]
     env = {**os.environ, "SPARROW_KILL_AT_WRITE": "2:records"}
     killed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]

@@ -26,6 +26,11 @@ class BenchConfig:
     ablations: dict[str, str] = knob(default_factory=dict, cli=False)  # name -> Sparrow draft dir
     clips_per_length: int = knob(2, "clips per length (batch size 1: one after another)", flag="--clips")
     batch_sizes: tuple[int, ...] = knob((1,), "comma separated; B > 1 submits B clips of a length together")
+    # One round = every method measured once (its own engine). Timings on a shared machine drift and an
+    # engine measured right after another's teardown runs slow: repeats in a rotated order make that
+    # noise visible (the range) instead of a ranking (run.round_order).
+    rounds: int = knob(3, "rounds: every method is measured once per round, each round in another order "
+                          "(rotated, every other one reversed); speeds are the median over rounds, with their range")
     # None: the Sparrow draft's recommended depth (its config.json `speculative_tokens`), what the
     # plugin drafts when num_speculative_tokens is not given; resolved in __post_init__ so that
     # the settings (and the resume check) record the K actually run. Ablation drafts without
@@ -79,12 +84,12 @@ def enforce_eager(cfg: BenchConfig) -> bool:
     return cfg.cuda_graphs == "off"
 
 
-QUICK = {"lengths": (512, 1536), "clips_per_length": 1, "batch_sizes": (1, 2)}  # what --quick sets
+QUICK = {"lengths": (512, 1536), "clips_per_length": 1, "batch_sizes": (1, 2), "rounds": 2}  # what --quick sets
 
 
 def quick(cfg: BenchConfig, keep: tuple[str, ...] = ()) -> BenchConfig:
     """CI smoke size: two short lengths, one clip each at batch 1 and two together, every method,
-    whole captions (~4 min on CPU). keep: fields the user set, which --quick leaves as they are."""
+    two rounds, whole captions. keep: fields the user set, which --quick leaves as they are."""
     from dataclasses import replace
 
     return replace(cfg, **{k: v for k, v in QUICK.items() if k not in keep})

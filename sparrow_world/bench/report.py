@@ -15,6 +15,15 @@ def _fmt(v, spec=".2f"):
     return "-" if v is None else format(v, spec)
 
 
+def _spread(r: dict, key: str, spec: str = ".2f") -> str:
+    """A timed value as median (min-max) over the rounds; a record of one round (or older than
+    rounds) shows the value alone."""
+    lo_hi = r.get(key + "_range")
+    if r.get(key) is None or not lo_hi or r.get("rounds", 1) < 2:
+        return _fmt(r.get(key), spec)
+    return f"{r[key]:{spec}} ({lo_hi[0]:{spec}}-{lo_hi[1]:{spec}})"
+
+
 def table(records: list[dict]) -> str:
     rows = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in records:
@@ -22,9 +31,9 @@ def table(records: list[dict]) -> str:
         equal = r.get("outputs_equal_no_spec")
         rows.append("| " + " | ".join([
             r["method"], str(r["visual_tokens"]), str(r.get("batch", 1)), _fmt(r.get("acceptance_length")),
-            _fmt(r.get("acceptance_length_no_bonus")), per_pos, _fmt(r.get("draft_ms_per_step")),
-            _fmt(r["draft_cache_bytes"] / 1024, ".1f"), _fmt(r.get("decode_tok_s"), ".1f"),
-            _fmt(r.get("decode_speedup")), _fmt(r.get("e2e_speedup")),
+            _fmt(r.get("acceptance_length_no_bonus")), per_pos, _spread(r, "draft_ms_per_step"),
+            _fmt(r["draft_cache_bytes"] / 1024, ".1f"), _spread(r, "decode_tok_s", ".1f"),
+            _spread(r, "decode_speedup"), _spread(r, "e2e_speedup"),
             "-" if equal is None else ("yes" if equal else "NO"), _fmt(r["caption_word_accuracy"], ".3f"),
             f"{r['object_precision']:.2f}/{r['object_recall']:.2f}",
         ]) + " |")
@@ -40,7 +49,9 @@ def write_reports(out: Path, records: list[dict], cfg: BenchConfig, env: dict) -
                 "(aggregate decode tok/s)") if batched else ""
     head = (f"Measured {env['date']} on {where}; vLLM {env['vllm']}, torch {env['torch']}; "
             f"K={cfg.num_speculative_tokens}, greedy, {cfg.max_tokens} new tokens at most; batch size 1: "
-            f"{cfg.clips_per_length} clip(s) per length one after another{together}.\n\n")
+            f"{cfg.clips_per_length} clip(s) per length one after another{together}. Timed columns: median "
+            f"(min-max) over {cfg.rounds} rounds, each method in its own engine, in another order every round; "
+            "speedups against the same round's no-speculation engine.\n\n")
     atomic_write_text(out / "table.md", head + table(records))
     plot(records, out / "plot.png", where)
     print(f"[bench] wrote {out / 'results.json'}, {out / 'table.md'}, {out / 'plot.png'}", flush=True)
@@ -75,9 +86,9 @@ def plot(records: list[dict], path: Path, where: str) -> None:
         rows = sorted((r for r in records if r["method"] == m and r.get("batch", 1) == 1), key=lambda r: r["visual_tokens"])
         xs = [r["visual_tokens"] for r in rows]
         a.plot(xs, [r.get("acceptance_length") or float("nan") for r in rows], marker="o", color=colour[m], label=m)
-        s.plot(xs, [r.get("decode_speedup") or float("nan") for r in rows], marker="o", color=colour[m], label=m)
+        _with_range(s, rows, xs, "decode_speedup", color=colour[m], label=m)
     for ax, title in ((a, "mean acceptance length (incl. bonus), batch 1"),
-                      (s, "decode speedup vs no speculation, batch 1")):
+                      (s, "decode speedup vs no speculation, batch 1 (bars: range over rounds)")):
         ticks(ax, lengths, "visual tokens")
         ax.set_title(title)
         ax.legend(fontsize=7)
@@ -91,8 +102,8 @@ def plot(records: list[dict], path: Path, where: str) -> None:
             for i, n in enumerate(lengths):
                 rows = sorted((r for r in records if r["method"] == m and r["visual_tokens"] == n),
                               key=lambda r: r.get("batch", 1))
-                ax.plot([r.get("batch", 1) for r in rows], [r.get("decode_speedup") or float("nan") for r in rows],
-                        marker="o", color=colour[m], ls=styles[i % len(styles)], label=f"{m} @ {n:,}")
+                _with_range(ax, rows, [r.get("batch", 1) for r in rows], "decode_speedup", color=colour[m],
+                            ls=styles[i % len(styles)], label=f"{m} @ {n:,}")
         ticks(ax, sizes, "batch size (requests together)")
         ax.set_title("decode speedup vs no speculation")
         ax.set_ylim(bottom=0.0)
@@ -102,3 +113,11 @@ def plot(records: list[dict], path: Path, where: str) -> None:
     fig.tight_layout()
     atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
+
+
+def _with_range(ax, rows: list[dict], xs: list, key: str, **style) -> None:
+    """The median over rounds as a line, the rounds' range as error bars (none for one round)."""
+    ys = [r.get(key) or float("nan") for r in rows]
+    ranges = [r.get(key + "_range") or [y, y] for r, y in zip(rows, ys)]
+    err = [[y - lo for y, (lo, _) in zip(ys, ranges)], [hi - y for y, (_, hi) in zip(ys, ranges)]]
+    ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, **style)

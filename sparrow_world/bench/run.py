@@ -1,11 +1,15 @@
 """Run the benchmark: every method over every visual length and batch size, one record per
-(method, length, batch).
+(method, length, batch), each the summary of `rounds` measurements.
 
 Batch size 1 captions the clips one after another (speedups as speculative decoding quotes
 them); batch size B > 1 submits B clips of the same length together and measures aggregate
-decode throughput. Records are appended to <out>/records.jsonl as each finishes, so a rerun with
-the same settings skips what is done; results.json, table.md and plot.png are rewritten at the
-end from all records.
+decode throughput. A round measures every method once, in its own engine, in an order that
+changes from round to round (round_order), and speedups are taken within a round (against that
+round's no-speculation engine), so neither drift over the run nor the engine a method follows
+decides its number: the reported value is the median over rounds, with the range beside it.
+Measurements are appended to <out>/records.jsonl as each finishes, so a rerun with the same
+settings skips what is done; results.json, table.md and plot.png are rewritten at the end from
+all of them.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import gc
 import json
 import os
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -22,6 +27,11 @@ from .clips import Clip, eval_clips
 from .config import BenchConfig
 from .engines import (BlockMeter, close_engine, draft_kv_bytes_per_block, draft_timer, engine_settings, generate_one,
                       open_engine)
+
+# Per-round values summarised as median and range (speedups are per round, against that round's "none").
+TIMED = ("decode_tok_s", "decode_speedup", "e2e_speedup", "draft_ms_per_step", "e2e_s", "decode_s", "ttft_s")
+# Spec-decode counters pooled over rounds (greedy: every round drafts the same captions).
+COUNTED = ("drafts", "accepted", "draft_tokens")
 
 
 def run_bench(cfg: BenchConfig) -> list[dict]:
@@ -38,35 +48,118 @@ def run_bench(cfg: BenchConfig) -> list[dict]:
     done = _load_records(out / "records.jsonl", cfg)
     methods = list(dict.fromkeys(["none", *cfg.methods, *cfg.ablations]))
     cells = [(n, b) for n in cfg.lengths for b in cfg.batch_sizes]
-    total = len(methods) * len(cells)
-    for method in methods:
-        todo = [(n, b) for n, b in cells if (method, n, b) not in done]
-        if not todo:
-            continue
-        t0 = time.perf_counter()
-        llm = open_engine(method, cfg, max(cfg.lengths), max_num_seqs=max(4, *cfg.batch_sizes))
-        meter = BlockMeter(llm)
-        print(f"[bench] {method}: engine up in {time.perf_counter() - t0:.0f}s", flush=True)
-        try:
-            generate_one(llm, _request(prompt, clips[min(cfg.lengths)][0]), 16)  # warm-up, not measured
-            for n, b in todo:
-                if b == 1:
-                    rec = measure(llm, meter, method, n, clips[n][: cfg.clips_per_length], prompt, tok, cfg)
-                else:
-                    rec = measure_batch(llm, meter, method, n, clips[n][:b], prompt, tok, cfg)
-                done[(method, n, b)] = rec
-                append_jsonl(out / "records.jsonl", rec)  # durable: a kill loses at most this cell
-                print(f"[bench {len(done)}/{total}] {_line(rec)}", flush=True)
-        finally:
-            close_engine(llm)
-            # Drop this engine before the next one opens: on one GPU whatever it still holds
-            # (vLLM's EAGLE drafter shares the target's embedding and head) would not fit twice.
-            llm = meter = None
-            gc.collect()
-    records = [done[(m, n, b)] for m in methods for n, b in cells]
-    compare_to_baseline(records)
+    total = len(methods) * len(cells) * cfg.rounds
+    for r, order in enumerate(round_orders(methods, cfg.rounds)):
+        for method in order:
+            todo = [(n, b) for n, b in cells if (method, n, b, r) not in done]
+            if todo:
+                _measure_method(cfg, method, r, todo, clips, prompt, tok, done, out, total)
+    records = summarize(done, methods, cells, cfg.rounds)
     write_reports(out, records, cfg, environment())
     return records
+
+
+def round_orders(methods: list[str], rounds: int) -> list[list[str]]:
+    """The method order of each round, chosen so that a method follows another method in each
+    round (and sits at another place) as far as the rounds allow: each round takes the row of a
+    Williams square (a Latin square in which every ordered pair of neighbours occurs once over its
+    rows; for an odd count its rows and their mirrors) that repeats the fewest neighbour pairs,
+    then places, of the rounds before. Four methods [none, sparrow, eagle, eagle3], three rounds:
+    [none, sparrow, eagle3, eagle], [sparrow, eagle, none, eagle3], [eagle, eagle3, sparrow, none]:
+    sparrow follows none, then nothing (first), then eagle3."""
+    m = len(methods)
+    base, lo, hi = [0], 1, m - 1  # 0, 1, m-1, 2, m-2, ...: every neighbour difference once (even m)
+    while len(base) < m:
+        base.append(lo)
+        lo += 1
+        if len(base) < m:
+            base.append(hi)
+            hi -= 1
+    rows = [[(x + i) % m for x in base] for i in range(m)]
+    rows += [] if m % 2 == 0 else [row[::-1] for row in rows]
+    chosen: list[list[int]] = []
+    pairs: set[tuple[int, int]] = set()
+    places: set[tuple[int, int]] = set()
+    for _ in range(rounds):
+        row = min(rows, key=lambda o: (sum(p in pairs for p in zip(o, o[1:])),
+                                      sum(p in places for p in enumerate(o))))
+        chosen.append(row)
+        pairs.update(zip(row, row[1:]))
+        places.update(enumerate(row))
+    return [[methods[i] for i in row] for row in chosen]
+
+
+def _measure_method(cfg: BenchConfig, method: str, r: int, todo: list[tuple[int, int]], clips, prompt: str, tok,
+                    done: dict, out: Path, total: int) -> None:
+    """One engine for `method`: warmed up at every batch size it will measure, then each cell."""
+    t0 = time.perf_counter()
+    llm = open_engine(method, cfg, max(cfg.lengths), max_num_seqs=max(4, *cfg.batch_sizes))
+    meter = BlockMeter(llm)
+    print(f"[bench] round {r + 1}/{cfg.rounds}, {method}: engine up in {time.perf_counter() - t0:.0f}s", flush=True)
+    try:
+        warm_up(llm, prompt, clips[min(cfg.lengths)], sorted({b for _, b in todo}))
+        for n, b in todo:
+            if b == 1:
+                rec = measure(llm, meter, method, n, clips[n][: cfg.clips_per_length], prompt, tok, cfg)
+            else:
+                rec = measure_batch(llm, meter, method, n, clips[n][:b], prompt, tok, cfg)
+            rec["round"] = r
+            done[(method, n, b, r)] = rec
+            append_jsonl(out / "records.jsonl", rec)  # durable: a kill loses at most this cell
+            print(f"[bench {len(done)}/{total}] {_line(rec)}", flush=True)
+    finally:
+        close_engine(llm)
+        # Drop this engine before the next one opens: on one GPU whatever it still holds
+        # (vLLM's EAGLE drafter shares the target's embedding and head) would not fit twice.
+        llm = meter = None
+        gc.collect()
+
+
+def warm_up(llm, prompt: str, clips: list[Clip], batch_sizes: list[int]) -> None:
+    """Not measured: a short caption at every batch size the engine will measure, so that its
+    first measured cell does not pay for first calls (kernel and allocator caches per shape)."""
+    from vllm import SamplingParams
+
+    for b in batch_sizes:
+        llm.generate([_request(prompt, c) for c in clips[:b]], SamplingParams(temperature=0.0, max_tokens=32),
+                     use_tqdm=False)
+
+
+def summarize(done: dict, methods: list[str], cells: list[tuple[int, int]], rounds: int) -> list[dict]:
+    """One record per (method, length, batch): speedups within each round, then the median (and
+    [min, max] as `<key>_range`, the rounds' values as `per_round`) of every timed value, the
+    spec-decode counters pooled, outputs equal to no speculation's in every round."""
+    for r in range(rounds):
+        compare_to_baseline([done[(m, n, b, r)] for m in methods for n, b in cells])
+    records = []
+    for m in methods:
+        for n, b in cells:
+            runs = [done[(m, n, b, r)] for r in range(rounds)]
+            rec = {k: v for k, v in runs[0].items() if k != "round"}
+            rec["rounds"] = rounds
+            rec["per_round"] = {}
+            for key in TIMED:
+                values = [x.get(key) for x in runs]
+                if any(v is None for v in values):
+                    continue
+                rec[key], rec[key + "_range"] = statistics.median(values), [min(values), max(values)]
+                rec["per_round"][key] = values
+            if "outputs_equal_no_spec" in rec:
+                rec["outputs_equal_no_spec"] = all(x["outputs_equal_no_spec"] for x in runs)
+            rec["outputs_equal_across_rounds"] = all(x["output_token_ids"] == runs[0]["output_token_ids"] for x in runs)
+            if rec.get("drafts"):
+                _pool_counters(rec, runs)
+            records.append(rec)
+    return records
+
+
+def _pool_counters(rec: dict, runs: list[dict]) -> None:
+    for key in COUNTED:
+        rec[key] = sum(x[key] for x in runs)
+    per_pos = [sum(x["per_position"][i] * x["drafts"] for x in runs) for i in range(len(rec["per_position"]))]
+    rec["acceptance_length"] = 1 + rec["accepted"] / rec["drafts"]
+    rec["acceptance_length_no_bonus"] = rec["accepted"] / rec["drafts"]
+    rec["per_position"] = [p / rec["drafts"] for p in per_pos]
 
 
 def measure(llm, meter: BlockMeter, method: str, tokens: int, clips: list[Clip], prompt: str, tok,
@@ -211,7 +304,7 @@ def _cache_bytes(llm, method: str, rec: dict, cfg: BenchConfig) -> float:
 
 
 def _load_records(path: Path, cfg: BenchConfig) -> dict:
-    """Finished (method, length, batch) records of an earlier run with the same settings."""
+    """Finished (method, length, batch, round) records of an earlier run with the same settings."""
     settings_file = path.with_name("settings.json")
     settings = json.dumps(cfg.settings(), sort_keys=True)
     if settings_file.exists() and settings_file.read_text() != settings:
@@ -219,13 +312,12 @@ def _load_records(path: Path, cfg: BenchConfig) -> dict:
     atomic_write_text(settings_file, settings)
     done = {}
     for r in read_jsonl(path):  # a record torn by a kill is cut off and measured again
-        r.setdefault("batch", 1)
-        done[(r["method"], r["visual_tokens"], r["batch"])] = r
+        done[(r["method"], r["visual_tokens"], r["batch"], r["round"])] = r
     return done
 
 
 def _line(r: dict) -> str:
     acc = f"acceptance {r['acceptance_length']:.2f}" if r.get("acceptance_length") else "acceptance -"
     tps = f"{r['decode_tok_s']:.1f} tok/s" if r.get("decode_tok_s") else "- tok/s"
-    return (f"{r['method']:>8} @ {r['visual_tokens']:>6} visual tokens, batch {r['batch']:>3}: {acc}, decode {tps}, "
+    return (f"round {r['round'] + 1}: {r['method']:>8} @ {r['visual_tokens']:>6} visual tokens, batch {r['batch']:>3}: {acc}, decode {tps}, "
             f"caption word accuracy {r['caption_word_accuracy']:.3f}")

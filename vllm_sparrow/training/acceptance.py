@@ -1,6 +1,6 @@
 """Validation estimate of acceptance length: chain verification replayed on captured samples.
 
-Runs the serve-time drafter itself (SparrowDrafter, its paged text-window cache, the torch
+Runs the serve-time drafter itself (SparrowDrafter, its ring text-window cache, the torch
 attention path) on the captured text stream, step by step as vLLM's verify loop does: prefill
 the prompt, draft K tokens, accept the longest prefix the target's greedy choice agrees with,
 feed the accepted tokens' target states back, repeat. The target's greedy choice at each

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from vllm_sparrow_kernels.window_attention_ref import key_visible, ring_stored_index, ring_write_ref, write_packed_rows
 
+from . import envs
 from .window import PackedRows, TextWindowCache, WindowBatch
 
 
@@ -153,13 +154,9 @@ class TritonWindowAttention:
 
 
 def select_backend(device: torch.device) -> WindowAttentionBackend:
-    choice = os.environ.get("SPARROW_ATTENTION_BACKEND", "").strip().lower()
-    if choice not in ("", "torch", "triton"):
-        raise ValueError(
-            f"SPARROW_ATTENTION_BACKEND={choice!r}: use 'torch' or 'triton' (or leave it unset)"
-        )
-    if choice == "" and torch.device(device).type == "cuda":
-        choice = "triton"
+    choice = envs.SPARROW_ATTENTION_BACKEND  # None, "torch" or "triton"
+    if choice is None:
+        choice = "triton" if torch.device(device).type == "cuda" else "torch"
     if choice == "triton":
         if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(

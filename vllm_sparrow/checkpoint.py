@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
 
+from . import envs
 from .config import (CONFIG_FILE, MAX_SPECULATIVE_TOKENS, SPECULATORS_MODEL_TYPE, DraftConfigError, SparrowConfig,
                      target_layer_shape)
 from .durable import atomic_save_safetensors
@@ -111,7 +111,7 @@ def validate_draft_for_target(draft_dir: str | None, target_hf_config_or_model_c
 def _check_verifier(cfg: SparrowConfig, draft_dir: str, target, target_path: str | None) -> None:
     """Refuse a draft made for another verifier (same sizes, other model: its drafts would all be
     rejected), as far as its config records: architecture, depth, weights fingerprint."""
-    if os.environ.get("SPARROW_ALLOW_OTHER_VERIFIER") == "1":
+    if envs.SPARROW_ALLOW_OTHER_VERIFIER:
         return
     diffs = []
     if cfg.verifier_architecture and cfg.verifier_architecture != target.architecture:

@@ -22,6 +22,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from . import envs
+
 VOCAB_FILE = "draft_vocab.safetensors"
 
 
@@ -68,11 +70,8 @@ def save_vocab(draft_dir: str | Path, ids: torch.Tensor) -> Path:
 
 def load_vocab(draft_dir: str | Path) -> torch.Tensor | None:
     """The draft's token subset [N], or None (full vocabulary; or SPARROW_DRAFT_VOCAB=full)."""
-    choice = os.environ.get("SPARROW_DRAFT_VOCAB", "").strip().lower()
-    if choice not in ("", "full"):
-        raise ValueError(f"SPARROW_DRAFT_VOCAB={choice!r}: use 'full' (or leave it unset)")
     path = Path(draft_dir) / VOCAB_FILE
-    if choice == "full" or not path.exists():
+    if envs.SPARROW_DRAFT_VOCAB == "full" or not path.exists():
         return None
     ids = load_file(str(path))["ids"].long()
     if ids.ndim != 1 or ids.numel() == 0 or bool((ids[1:] <= ids[:-1]).any()):

@@ -26,6 +26,8 @@ import signal
 from pathlib import Path
 from typing import Any, Callable
 
+from . import envs
+
 _writes = 0  # durable writes counted by the kill hook in this process
 
 
@@ -43,14 +45,14 @@ class DurableWriteError(OSError):
 def _dies_here(path: Path) -> bool:
     """True when the SPARROW_KILL_AT_WRITE hook says this write (to `path`) is the fatal one."""
     global _writes
-    at = os.environ.get("SPARROW_KILL_AT_WRITE")
-    if not at:
+    at = envs.SPARROW_KILL_AT_WRITE  # None, or (N, text)
+    if at is None:
         return False
-    n, _, text = at.partition(":")
+    n, text = at
     if text not in path.name:
         return False
     _writes += 1
-    return _writes == int(n)
+    return _writes == n
 
 
 def _write_or_die(path: Path, f, data: bytes) -> None:

@@ -35,8 +35,9 @@ command opens its engines inside interruptible_start(), where SIGINT raises an e
 finalizer stops the engine processes) still runs, and the block turns it back into
 KeyboardInterrupt.
 
-SPARROW_PARENT_PID is read only here. Nothing here may stop vLLM from starting: on another OS, or
-on any failure, it logs one line and the process carries on without the guard.
+SPARROW_PARENT_PID is written and read only here, through envs.py. Nothing here may stop vLLM
+from starting: on another OS, or on any failure, it logs one line and the process carries on
+without the guard.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ import signal
 import sys
 import threading
 
-ENV = "SPARROW_PARENT_PID"
+from . import envs
+
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 _fork_hook_installed = False
@@ -71,17 +73,14 @@ def record_command() -> None:
 
     Called by the CLI before any engine starts: the variable reaches every descendant through the
     environment, and the fork hook covers children forked from this process itself."""
-    os.environ[ENV] = str(os.getpid())
+    envs.export("SPARROW_PARENT_PID", os.getpid())
     _install_fork_hook()
 
 
 def command_pid() -> int | None:
     """The pid of the `sparrow` command above this process, or None when there is none (plain vLLM,
     an engine opened in-process by a test or a notebook)."""
-    try:
-        return int(os.environ[ENV])
-    except (KeyError, ValueError):
-        return None
+    return envs.SPARROW_PARENT_PID  # None when unset or not a number: this guard never raises
 
 
 def die_with_parent() -> None:

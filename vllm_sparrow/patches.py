@@ -17,7 +17,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import SUPPORTED_VLLM_VERSION
+from . import SUPPORTED_VLLM_VERSION, envs
 
 logger = None  # set by apply_patches (vLLM logger, imported lazily)
 METHOD = "sparrow"
@@ -144,10 +144,8 @@ def apply_patches() -> None:
 
 def _disabled_fixes() -> set[str]:
     """Names in SPARROW_DISABLE_PATCHES (comma separated) of general fixes to leave out."""
-    import os
-
     fixes = {r.name for r in PATCHES if r.scope == "fix"}
-    names = {n.strip() for n in os.environ.get("SPARROW_DISABLE_PATCHES", "").split(",") if n.strip()}
+    names = envs.SPARROW_DISABLE_PATCHES
     for name in sorted(names - fixes):
         logger.warning("vllm-sparrow: SPARROW_DISABLE_PATCHES names %r, which is %s; the fixes that can be "
                        "turned off are: %s", name, "needed by the sparrow method" if name in DECLARED

@@ -10,13 +10,13 @@ once at load time, sized by max_num_seqs, refused with a message when it cannot 
 from __future__ import annotations
 
 
-import os
 import weakref
 
 import numpy as np
 import torch
 from vllm.v1.spec_decode.eagle import EagleProposer
 
+from . import envs
 from .attention import select_backend
 from .checkpoint import load_draft
 from .draft_graphs import DecodeGraphs, default_buckets
@@ -271,18 +271,10 @@ def _plain_target_head(target_model, tp: int):
 def stop_confidence(cfg) -> float | None:
     """The adaptive-length threshold: SPARROW_STOP_CONFIDENCE (a number, or "off"), else the
     draft config's stop_confidence."""
-    env = os.environ.get("SPARROW_STOP_CONFIDENCE", "").strip().lower()
-    if env == "off":
-        return None
-    if env:
-        try:
-            value = float(env)
-        except ValueError:
-            raise ValueError(f"SPARROW_STOP_CONFIDENCE={env!r}: use a probability in (0, 1) or 'off'") from None
-        if not 0.0 < value < 1.0:
-            raise ValueError(f"SPARROW_STOP_CONFIDENCE={value}: use a probability in (0, 1) or 'off'")
-        return value
-    return cfg.stop_confidence
+    env = envs.SPARROW_STOP_CONFIDENCE  # None (unset), "off" or a probability
+    if env is None:
+        return cfg.stop_confidence
+    return None if env == "off" else env
 
 
 def adaptive_length(threshold: float | None, async_scheduling: bool | None) -> float | None:
@@ -304,10 +296,8 @@ def draft_graph_mode(vllm_config, device) -> str | None:
 
     Graphs follow vLLM's own switches (enforce_eager, cudagraph_mode); SPARROW_DRAFT_GRAPHS=off
     turns them off, =eager selects the static-buffer path on any device."""
-    env = os.environ.get("SPARROW_DRAFT_GRAPHS", "").strip().lower()
-    if env not in ("", "off", "eager"):
-        raise ValueError(f"SPARROW_DRAFT_GRAPHS={env!r}: use 'off' or 'eager' (or leave it unset)")
-    if env:
+    env = envs.SPARROW_DRAFT_GRAPHS  # None (unset), "off" or "eager"
+    if env is not None:
         return None if env == "off" else "eager"
     spec = vllm_config.speculative_config
     mode = getattr(vllm_config.compilation_config, "cudagraph_mode", None)

@@ -25,13 +25,13 @@ memory is allocated beyond the step's buffers, as for a chain.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from vllm_sparrow_kernels.window_attention_ref import key_visible, ring_stored_index
 
+from . import envs
 from .window import WindowBatch
 
 
@@ -49,10 +49,10 @@ class TreeSpec:
 def tree_spec(cfg, num_draft: int) -> TreeSpec | None:
     """The draft's tree search: SPARROW_TREE_TOPK / SPARROW_TREE_BUDGET (numbers, or "off"),
     else the draft config's tree_topk / tree_budget. None (or topk 1): today's greedy chain."""
-    topk = _env_int("SPARROW_TREE_TOPK", cfg.tree_topk)
+    topk = _override(envs.SPARROW_TREE_TOPK, cfg.tree_topk)
     if topk is None or topk <= 1:
         return None
-    budget = _env_int("SPARROW_TREE_BUDGET", cfg.tree_budget)
+    budget = _override(envs.SPARROW_TREE_BUDGET, cfg.tree_budget)  # read only with the tree on, as before
     if budget is None:
         budget = topk * max(num_draft - 1, 1)
     if budget < topk:
@@ -61,19 +61,11 @@ def tree_spec(cfg, num_draft: int) -> TreeSpec | None:
     return TreeSpec(topk, budget)
 
 
-def _env_int(name: str, default: int | None) -> int | None:
-    env = os.environ.get(name, "").strip().lower()
-    if env == "off":
-        return None
-    if not env:
-        return default
-    try:
-        value = int(env)
-    except ValueError:
-        raise ValueError(f"{name}={env!r}: use a whole number or 'off'") from None
-    if value < 1:
-        raise ValueError(f"{name}={value}: use a whole number >= 1 or 'off'")
-    return value
+def _override(env: int | str | None, configured: int | None) -> int | None:
+    """An environment override of a config value: unset (None) keeps the config's, "off" is None."""
+    if env is None:
+        return configured
+    return None if env == "off" else env
 
 
 class BranchKeys:

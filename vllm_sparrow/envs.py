@@ -1,0 +1,212 @@
+"""Every SPARROW_* environment variable the plugin reads: one table, read through this module.
+
+    from vllm_sparrow import envs
+    envs.SPARROW_DRAFT_GRAPHS    # None (unset), "off" or "eager", parsed from os.environ now
+
+`VARIABLES` maps each name to its parser, the value an unset (or blank) variable has, and the
+text docs/serving.md shows for it (`python -m vllm_sparrow.envs docs/serving.md` rewrites that
+list; a test keeps it equal to this table and checks that no other module reads a SPARROW_
+variable from os.environ). Nothing is cached: each access reads os.environ, so a variable set
+after import (a test's monkeypatch, the CLI before it starts an engine) counts, and a bad value
+raises its ValueError, naming the variable and what it accepts, when the code that uses it reads
+it (most at engine start-up), not at import.
+
+Overrides of a draft-config value (SPARROW_STOP_CONFIDENCE, SPARROW_TREE_*) are None when unset,
+so the draft's config.json decides, and the string "off" when turned off: None alone could not
+tell "not set" from "set to off".
+
+Read, not owned: RANK, WORLD_SIZE, LOCAL_RANK (torchrun's; cli.py, training/train.py),
+TRITON_INTERPRET (Triton's; attention.py) and VLLM_MAX_IMAGE_PIXELS (vLLM's; video.py) are read
+where they are used, as their owners define them. SPARROW_DEVICE and SPARROW_FORCE_SETUP belong
+to `make setup` (Makefile, tools/); the package never reads them.
+
+Standard library only (no torch, no vLLM), so any module may import it; kernels/ import nothing
+from the package and read no variable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Variable:
+    parse: Callable[[str, str], Any]  # (name, raw text) -> value; raises ValueError naming the variable
+    default: Any  # the value when unset or blank
+    values: str  # what it accepts (docs)
+    unset: str  # what happens when it is not set (docs)
+    help: str  # what it does (docs)
+    read_in: tuple[str, ...]  # the modules that read it (files under vllm_sparrow/; a test checks)
+
+
+# ---- parsers: (name, raw) -> value -------------------------------------------------------------
+def _choice(*allowed: str) -> Callable[[str, str], str]:
+    """One of `allowed`, case and surrounding blanks ignored."""
+    def parse(name: str, raw: str) -> str:
+        text = raw.strip().lower()
+        if text not in allowed:
+            options = " or ".join(f"'{a}'" for a in allowed)
+            raise ValueError(f"{name}={text!r}: use {options} (or leave it unset)")
+        return text
+    return parse
+
+
+def _whole_or_off(name: str, raw: str) -> int | str:
+    text = raw.strip().lower()
+    if text == "off":
+        return "off"
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: use a whole number or 'off'") from None
+    if value < 1:
+        raise ValueError(f"{name}={value}: use a whole number >= 1 or 'off'")
+    return value
+
+
+def _probability_or_off(name: str, raw: str) -> float | str:
+    text = raw.strip().lower()
+    if text == "off":
+        return "off"
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: use a probability in (0, 1) or 'off'") from None
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"{name}={value}: use a probability in (0, 1) or 'off'")
+    return value
+
+
+def _names(name: str, raw: str) -> frozenset[str]:
+    """Comma-separated names; which of them mean something is for the reader (patches.py) to say."""
+    return frozenset(n.strip() for n in raw.split(",") if n.strip())
+
+
+def _exactly_one(name: str, raw: str) -> bool:
+    """True for "1" exactly; any other value is as if unset (as it always was)."""
+    return raw == "1"
+
+
+def _pid_or_none(name: str, raw: str) -> int | None:
+    """A pid; a value that is not a number is as if unset: the parent-death guard never raises."""
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def _kill_at(name: str, raw: str) -> tuple[int, str]:
+    """"N" or "N:text" -> (N, text); text "" matches every file."""
+    n, _, text = raw.partition(":")
+    try:
+        return int(n), text
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: use N or N:text, N a whole number (the N-th durable write)") from None
+
+
+# ---- the table ---------------------------------------------------------------------------------
+VARIABLES: dict[str, Variable] = {
+    "SPARROW_STOP_CONFIDENCE": Variable(
+        _probability_or_off, None, "a probability in (0, 1), or `off`",
+        "the draft's `stop_confidence` (config.json; off if absent)",
+        "adaptive length: each request's chain stops where the product of its drafted tokens' draft "
+        "probabilities falls below it (greedy drafting; CUDA graphs off then)", ("proposer.py",)),
+    "SPARROW_TREE_TOPK": Variable(
+        _whole_or_off, None, "a whole number >= 1, or `off`", "the draft's `tree_topk` (off if absent)",
+        "tree search inside the draft: children scored per node and nodes kept per level (1 or `off`: "
+        "the greedy chain)", ("tree_search.py",)),
+    "SPARROW_TREE_BUDGET": Variable(
+        _whole_or_off, None, "a whole number >= the tree's topk, or `off`",
+        "the draft's `tree_budget` (if absent, as `off`)",
+        "nodes the tree search may expand per request and step; `off`: topk nodes at every level",
+        ("tree_search.py",)),
+    "SPARROW_DRAFT_GRAPHS": Variable(
+        _choice("off", "eager"), None, "`off`, `eager`",
+        "follow vLLM's switches (`enforce_eager`, `cudagraph_mode`, tensor parallelism)",
+        "CUDA graphs of the decode draft step: `off` turns them off alone; `eager` runs the same "
+        "static-buffer step without capture, on any device (tests)", ("proposer.py",)),
+    "SPARROW_ATTENTION_BACKEND": Variable(
+        _choice("torch", "triton"), None, "`torch`, `triton`", "`triton` on CUDA, `torch` elsewhere",
+        "the draft's window attention; `triton` off CUDA only under `TRITON_INTERPRET=1` (tests)",
+        ("attention.py",)),
+    "SPARROW_DRAFT_VOCAB": Variable(
+        _choice("full"), None, "`full`",
+        "the draft's reduced vocabulary, where its directory has `draft_vocab.safetensors`",
+        "`full` drafts over the whole vocabulary, ignoring the reduced one", ("draft_vocab.py",)),
+    "SPARROW_ALLOW_OTHER_VERIFIER": Variable(
+        _exactly_one, False, "`1` (any other value: as unset)",
+        "a draft made for another verifier is refused at start-up",
+        "`1` serves a draft whose config names another verifier (architecture, depth, weights) anyway",
+        ("checkpoint.py",)),
+    "SPARROW_DISABLE_PATCHES": Variable(
+        _names, frozenset(), "names of general vLLM fixes, comma separated", "every fix is applied",
+        "general vLLM fixes to leave out (docs/vllm-patches.md); any other name is logged and ignored",
+        ("patches.py",)),
+    "SPARROW_PARENT_PID": Variable(
+        _pid_or_none, None, "a process id (set by the `sparrow` command, not by hand)",
+        "no `sparrow` command above this process: no parent-death guard",
+        "the `sparrow` command whose engine processes must die with it, kill -9 included",
+        ("lifetime.py",)),
+    "SPARROW_KILL_AT_WRITE": Variable(
+        _kill_at, None, "`N` or `N:text`", "off",
+        "test hook: SIGKILL half way through the process's N-th durable write (to files whose name "
+        "contains text)", ("durable.py",)),
+}
+
+
+def read(name: str) -> Any:
+    """The variable's value now: its default when unset or blank, else what its parser makes of it."""
+    var = VARIABLES[name]
+    raw = os.environ.get(name, "")
+    return var.default if not raw.strip() else var.parse(name, raw)
+
+
+def export(name: str, value: Any) -> None:
+    """Set a variable of the table in this process's environment, which the processes it starts
+    inherit (lifetime.record_command: SPARROW_PARENT_PID)."""
+    if name not in VARIABLES:
+        raise KeyError(f"{name} is not a variable of vllm_sparrow.envs.VARIABLES")
+    os.environ[name] = str(value)
+
+
+def __getattr__(name: str) -> Any:
+    # Module attribute access (PEP 562): envs.SPARROW_X reads os.environ at every access.
+    if name in VARIABLES:
+        return read(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *VARIABLES])
+
+
+# ---- docs --------------------------------------------------------------------------------------
+BLOCK = re.compile(r"(<!-- generated: envs -->\n)(.*?)(<!-- /generated -->)", re.S)
+
+
+def table_markdown() -> str:
+    """docs/serving.md's list of environment variables, generated from VARIABLES."""
+    rows = ["| variable | values | unset | what it does | read in |", "|---|---|---|---|---|"]
+    for name, v in VARIABLES.items():
+        read_in = ", ".join(f"`{m}`" for m in v.read_in)
+        rows.append(f"| `{name}` | {v.values} | {v.unset} | {v.help} | {read_in} |")
+    return "\n".join(rows) + "\n"
+
+
+def rewrite_block(text: str) -> str:
+    """text with its `<!-- generated: envs -->` block made anew from the table."""
+    return BLOCK.sub(lambda m: m[1] + table_markdown() + m[3], text)
+
+
+if __name__ == "__main__":  # python -m vllm_sparrow.envs [FILE]: print the table, or rewrite FILE's block
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], encoding="utf-8") as f:
+            old = f.read()
+        with open(sys.argv[1], "w", encoding="utf-8") as f:
+            f.write(rewrite_block(old))
+    else:
+        print(table_markdown(), end="")

@@ -38,15 +38,16 @@ class _RecordingIO:
 
 
 def _record_on(worker) -> None:
-    drafter = worker.model_runner.drafter.drafter
+    drafter = worker.model_runner.drafter.sparrow_drafter
     if getattr(drafter, "recorded", None) is None:
         drafter.recorded, logits = [], []
         drafter.io = _RecordingIO(drafter.io, logits)
         original = drafter.step
 
-        def step(batch, num_draft, sample):
+        def step(batch, num_draft, sample, drafting):
             logits.clear()
-            ids, probs = original(batch, num_draft, sample)
+            drafts = original(batch, num_draft, sample, drafting)
+            ids, probs = drafts.ids, drafts.probs
             B = len(batch.req_ids)
             drafter.recorded.append({
                 "req_ids": list(batch.req_ids), "token_ids": batch.token_ids.cpu().clone(),
@@ -57,14 +58,14 @@ def _record_on(worker) -> None:
                 "text_bound": None if batch.text_bound is None else batch.text_bound.tolist(),
                 "drafts": ids.tolist(), "probs": None if probs is None else probs.float().cpu().clone(),
                 "logits": [x for x in logits if x.shape[0] == B]})
-            return ids, probs
+            return drafts
 
         drafter.step = step
     drafter.recorded.clear()
 
 
 def _recorded(worker) -> list[dict]:
-    return worker.model_runner.drafter.drafter.recorded
+    return worker.model_runner.drafter.sparrow_drafter.recorded
 
 
 def record_drafter_inputs(llm) -> None:

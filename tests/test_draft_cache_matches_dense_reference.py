@@ -148,7 +148,7 @@ def _run_steps(drafter, model, io, reqs, steps, rnd, chunk_choices):
         batch = StepBatch.from_lists([r.rid for r, *_ in parts], torch.tensor(toks), torch.stack(hid),
                                      row_start, valid, seq_start, prompt_lens, torch.tensor(nxt), mids,
                                      visual_token_ids=(VIS,) if rnd.random() < 0.5 else None)
-        ids, _ = drafter.step(batch, K, sampler)
+        ids = drafter.step(batch, K, sampler).ids
         for b, (r, *_rest) in enumerate(parts):
             if mids[b]:
                 assert ids[b].eq(0).all()

@@ -17,7 +17,8 @@ from vllm import SamplingParams
 
 from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.config import SparrowConfig
-from vllm_sparrow.draft_graphs import DecodeGraphs, default_buckets
+from vllm_sparrow.draft_graphs import DecodeGraphs, GraphDrafting, default_buckets
+from vllm_sparrow.draft_step import ChainDrafting, greedy
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
 from vllm_sparrow.model import SparrowDraftModel
 from engine_probe import drafter_inputs, record_drafter_inputs
@@ -50,9 +51,9 @@ def _drafters(buckets, device="cpu", backend=TorchWindowAttention, capture=False
     make = lambda: SparrowDrafter(model, _IO(device), (7,), backend(), torch.device(device),  # noqa: E731
                                   torch.float32, max_requests=8, max_draft_tokens=K, max_text_tokens=256)
     eager, graphed = make(), make()
-    graphed.graphs = DecodeGraphs(graphed, K, buckets, capture=capture)
-    graphed.graphs.capture()  # a no-op without capture
-    return eager, graphed
+    drafting = GraphDrafting(DecodeGraphs(graphed, K, buckets, capture=capture), ChainDrafting())
+    drafting.graphs.capture()  # a no-op without capture
+    return eager, (graphed, drafting)
 
 
 def test_bucketed_static_buffer_steps_draft_like_the_eager_drafter():
@@ -64,13 +65,14 @@ def test_captured_graphs_draft_like_the_eager_drafter_on_cuda():
     from vllm_sparrow.attention import TritonWindowAttention
 
     eager, graphed = _drafters([2, 4, 8], "cuda", TritonWindowAttention, capture=True)
-    assert sorted(graphed.graphs.graphs) == [2, 4, 8]
+    assert sorted(graphed[1].graphs.graphs) == [2, 4, 8]
     _lockstep(eager, graphed, "cuda")
 
 
 def _lockstep(eager, graphed, device):
     """Drive both drafters with the same random steps (prompts joining decodes, batch sizes
-    changing, requests leaving) and compare every draft."""
+    changing, requests leaving) and compare every draft. graphed: (drafter, its GraphDrafting)."""
+    graphed, drafting = graphed
     rnd = random.Random(5)
     reqs = {}  # id -> [seq_len, prompt_len, next_token, drafts]
     for step in range(40):
@@ -97,8 +99,8 @@ def _lockstep(eager, graphed, device):
             nxt.append(reqs[rid][2])
         batch = StepBatch.from_lists(batch_ids, torch.tensor(toks, device=device), torch.cat(hid).to(device),
                                      starts, valid, seq, prompt, torch.tensor(nxt, device=device), mid)
-        a, _ = eager.step(batch, K)
-        b, _ = graphed.step(batch, K)
+        a = eager.step(batch, K).ids
+        b = graphed.step(batch, K, greedy, drafting).ids
         assert torch.equal(a, b), f"step {step}: {a.tolist()} != {b.tolist()}"
         for i, rid in enumerate(batch_ids):
             reqs[rid][3] = a[i].tolist()
@@ -107,7 +109,7 @@ def _lockstep(eager, graphed, device):
             del reqs[gone]
             eager.release([gone])
             graphed.release([gone])
-    assert graphed.graphs.replays >= 15
+    assert drafting.graphs.replays >= 15
     assert eager.stats()["text_entries"] == graphed.stats()["text_entries"]
 
 
@@ -119,7 +121,7 @@ def test_buckets_cover_every_batch_size_up_to_the_engines_limit():
 
 
 def _replays(worker):
-    graphs = worker.model_runner.drafter.drafter.graphs
+    graphs = getattr(worker.model_runner.drafter.drafting, "graphs", None)
     return None if graphs is None else graphs.replays
 
 

@@ -80,5 +80,6 @@ def test_the_drafters_decode_step_runs_on_the_meta_device():
         num_valid=torch.empty(B, dtype=torch.long, device=meta), seq_start=torch.empty(B, dtype=torch.long, device=meta),
         num_prompt_tokens=torch.empty(B, dtype=torch.long, device=meta),
         next_token=torch.empty(B, dtype=torch.long, device=meta), mid_prefill=torch.empty(B, dtype=torch.bool, device=meta))
-    ids, probs = drafter.step(batch, K)
+    drafts = drafter.step(batch, K)
+    ids, probs = drafts.ids, drafts.probs
     assert ids.shape == (B, K) and ids.device == meta and probs is None

@@ -77,7 +77,8 @@ def test_a_video_chunk_beside_255_decodes_runs_the_draft_on_its_own_rows_at_7b_w
         query_start=np.concatenate([[0], np.cumsum(qlen)]), num_valid=e(B), seq_start=e(B),
         num_prompt_tokens=e(B), next_token=e(B), mid_prefill=e(B, dt=torch.bool),
         text_bound=np.full(B, 4096), text_rows=np.array([K + 1] * decodes + [chunk_text]))
-    ids, probs = drafter.step(batch, K)
+    drafts = drafter.step(batch, K)
+    ids, probs = drafts.ids, drafts.probs
     assert ids.shape == (B, K) and ids.device == meta and probs is None
     packed = decodes * (K + 2) + chunk_text + 1  # each request's text rows + 1 for a pending state
     # Projected (and stored) on the packed rows, not B x the chunk (2 million rows); attention and

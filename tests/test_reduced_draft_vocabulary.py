@@ -57,7 +57,8 @@ def _drafts(io, sample=None):
     tokens, hidden = torch.randint(0, V, (12,), generator=g), torch.randn(12, H, generator=g)
     batch = StepBatch.from_lists(["a", "b"], tokens, hidden, [0, 6], [6, 6], [0, 0], [6, 6],
                                  torch.tensor([3, 4]), [False, False])
-    return drafter.step(batch, K, *(() if sample is None else (sample,)))
+    drafts = drafter.step(batch, K, *(() if sample is None else (sample,)))
+    return drafts.ids, drafts.probs
 
 
 def test_drafts_come_from_the_subset_and_equal_full_drafting_when_it_is_everything():
@@ -138,7 +139,7 @@ def served(target_dirs, trained_drafts, workdir):
     outputs = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy, use_tqdm=False)]
     counters = spec_counters(llm)
     sampled = llm.generate(prompts, SamplingParams(temperature=0.8, seed=1, max_tokens=16), use_tqdm=False)
-    vocab = llm.collective_rpc(lambda w: w.model_runner.drafter.drafter.vocab_ids.numel())[0]
+    vocab = llm.collective_rpc(lambda w: w.model_runner.drafter.sparrow_drafter.vocab_ids.numel())[0]
     close_llm(llm)
     return dict(reference=reference, outputs=outputs, counters=counters, sampled=sampled, vocab=vocab, used=used)
 

@@ -23,7 +23,7 @@ def test_replayed_chains_are_what_the_serving_drafter_drafts():
         drafter = SparrowDrafter(model, io, (), TorchWindowAttention(), torch.device("cpu"), torch.float32,
                                  max_requests=1, max_draft_tokens=D, max_text_tokens=64)
         batch = StepBatch.from_lists(["r"], tokens[:c], hidden[:c], [0], [c], [0], [10], tokens[c : c + 1], [False])
-        served, _ = drafter.step(batch, D)
+        served = drafter.step(batch, D).ids
         assert chain == served[0].tolist(), c
 
 

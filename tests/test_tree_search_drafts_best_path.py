@@ -10,23 +10,23 @@ import torch
 from tiny_drafts import D, IO, greedy_sample, tiny_draft
 
 from vllm_sparrow.attention import TorchWindowAttention
+from vllm_sparrow.draft_step import ChainDrafting, greedy
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
 from vllm_sparrow.training.tree_replay import _Keys, _search
-from vllm_sparrow.tree_search import TreeSpec, tree_spec
+from vllm_sparrow.tree_search import TreeDrafting, TreeSpec, tree_spec
 from vllm_sparrow.window import WindowSpec
 
 CUTS = (12, 20, 31)  # committed text entries of the three requests of one batch
 
 
-def _drafter(model, io, tree):
-    d = SparrowDrafter(model, io, (), TorchWindowAttention(), torch.device("cpu"), torch.float32,
-                       max_requests=4, max_draft_tokens=D, max_text_tokens=64)
-    d.tree = tree
-    return d
+def _drafter(model, io):
+    return SparrowDrafter(model, io, (), TorchWindowAttention(), torch.device("cpu"), torch.float32,
+                          max_requests=4, max_draft_tokens=D, max_text_tokens=64)
 
 
-def _batch_step(drafter, sample, cuts=CUTS, k=D):
-    """One prefill step for three requests that have seen different prefixes of the sample."""
+def _batch_step(drafter, sample, drafting=ChainDrafting(), cuts=CUTS, k=D):
+    """One prefill step for three requests that have seen different prefixes of the sample:
+    the drafts of `drafting` (the greedy chain unless told)."""
     tokens, hidden = sample["token_ids"], sample["text_hidden"]
     toks = torch.cat([tokens[:c] for c in cuts])
     hid = torch.cat([hidden[:c] for c in cuts])
@@ -34,9 +34,9 @@ def _batch_step(drafter, sample, cuts=CUTS, k=D):
     nxt = torch.stack([tokens[c] for c in cuts])
     batch = StepBatch.from_lists([f"r{i}" for i in range(len(cuts))], toks, hid, starts, list(cuts),
                                  [0] * len(cuts), [10] * len(cuts), nxt, [False] * len(cuts))
-    ids, probs = drafter.step(batch, k)
-    assert probs is None
-    return ids
+    drafts = drafter.step(batch, k, greedy, drafting)
+    assert drafts.probs is None
+    return drafts
 
 
 def _replay_best_paths(model, io, sample, topk):
@@ -57,10 +57,10 @@ def _replay_best_paths(model, io, sample, topk):
 def test_served_search_returns_the_replay_searchs_best_path():
     model, io = tiny_draft(), IO()
     sample = greedy_sample(io)
-    served = _batch_step(_drafter(model, io, TreeSpec(topk=3, budget=3 * (D - 1))), sample)
+    served = _batch_step(_drafter(model, io), sample, TreeDrafting(TreeSpec(topk=3, budget=3 * (D - 1)))).ids
     assert served.tolist() == _replay_best_paths(model, io, sample, topk=3)
-    greedy = _batch_step(_drafter(model, io, None), sample)
-    assert not torch.equal(served, greedy), "the search must find paths the greedy chain does not"
+    chain = _batch_step(_drafter(model, io), sample).ids
+    assert not torch.equal(served, chain), "the search must find paths the greedy chain does not"
 
 
 @torch.no_grad()
@@ -68,26 +68,24 @@ def test_one_branch_search_is_the_greedy_chain():
     """Width 1 at every level: the branch-private keys must reproduce the chain's attention."""
     model, io = tiny_draft(), IO()
     sample = greedy_sample(io)
-    greedy = _batch_step(_drafter(model, io, None), sample)
-    assert torch.equal(_batch_step(_drafter(model, io, TreeSpec(topk=1, budget=1)), sample), greedy)
+    chain = _batch_step(_drafter(model, io), sample).ids
+    assert torch.equal(_batch_step(_drafter(model, io), sample, TreeDrafting(TreeSpec(topk=1, budget=1))).ids, chain)
 
 
 @torch.no_grad()
 def test_confidence_of_the_searched_path_is_its_draft_probability():
     model, io = tiny_draft(), IO()
-    d = _drafter(model, io, TreeSpec(topk=3, budget=6))
-    d.track_confidence = True
-    ids = _batch_step(d, greedy_sample(io))
-    conf = d.last_confidence  # [B, K]
+    searched = _batch_step(_drafter(model, io), greedy_sample(io), TreeDrafting(TreeSpec(topk=3, budget=6), True))
+    ids, conf = searched.ids, searched.confidence  # [B, K]
     assert conf.shape == ids.shape and bool(((conf > 0) & (conf <= 1)).all())
     # Chains agree with the search on the first token (the root's argmax is its best child
     # whenever the chosen path starts there): the first confidences match the chain's then.
-    chain = _drafter(model, io, None)
-    chain.track_confidence = True
-    greedy = _batch_step(chain, greedy_sample(io))
-    same = ids[:, 0] == greedy[:, 0]
+    chain = _batch_step(_drafter(model, io), greedy_sample(io), ChainDrafting(confidence=True))
+    same = ids[:, 0] == chain.ids[:, 0]
     assert bool(same.any())
-    torch.testing.assert_close(conf[same, 0], chain.last_confidence[same, 0])
+    torch.testing.assert_close(conf[same, 0], chain.confidence[same, 0])
+    without = _batch_step(_drafter(model, io), greedy_sample(io), TreeDrafting(TreeSpec(topk=3, budget=6)))
+    assert without.confidence is None and torch.equal(without.ids, ids)
 
 
 def test_budget_keeps_the_first_levels_wide():
@@ -118,6 +116,7 @@ def test_search_of_one_request_matches_its_search_in_a_batch():
     """A batch of one lays its branches out as stride-0 views: the compiled ops need them dense."""
     model, io = tiny_draft(), IO()
     sample = greedy_sample(io)
-    alone = _batch_step(_drafter(model, io, TreeSpec(3, 3 * (D - 1))), sample, cuts=(20,))
-    batched = _batch_step(_drafter(model, io, TreeSpec(3, 3 * (D - 1))), sample)
+    tree = TreeDrafting(TreeSpec(3, 3 * (D - 1)))
+    alone = _batch_step(_drafter(model, io), sample, tree, cuts=(20,)).ids
+    batched = _batch_step(_drafter(model, io), sample, tree).ids
     assert alone.tolist() == batched[1:2].tolist()

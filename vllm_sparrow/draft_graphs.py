@@ -1,6 +1,6 @@
-"""The decode draft step as one CUDA graph per batch bucket.
+"""The decode draft step as one CUDA graph per batch bucket (GraphDrafting, a drafting strategy).
 
-A decode step (every request decoding: SparrowDrafter._commit_rows, then K greedy chained
+A decode step (every request decoding: SparrowDrafter.commit_rows, then K greedy chained
 forwards) has fixed shapes for a batch size B and L = K + 1 and reads nothing back to the
 host, so it is captured once per bucket of batch sizes and replayed: one graph launch instead
 of ~250 kernel launches. Per step the host only copies the inputs into static buffers:
@@ -22,9 +22,15 @@ buffer logic that the graphs replay.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from .drafter import SparrowDrafter, StepBatch, greedy
+from .draft_step import ChainDrafting, Drafts, Sampler, StepBatch, greedy
+from .drafter import SparrowDrafter
+
+
+_CHAIN = ChainDrafting()  # the greedy chain the graphs capture
 
 
 def default_buckets(max_batch: int) -> list[int]:
@@ -62,11 +68,9 @@ class DecodeGraphs:
     def _step(self, b: int) -> torch.Tensor:
         """The captured body: one decode step of bucket b on the static buffers -> [b, K]."""
         d, L = self.drafter, self.L
-        slots = self.slots[:b]
-        y, c_new, drafting, ctx = d._commit_rows(slots, self.hidden[: b * L], self.tokens[: b * L].view(b, L),
-                                                 self.num_valid[:b], self.seq_start[:b], self.next_token[:b])
-        ids, _ = d._chain(y, slots, c_new, drafting, ctx, self.num_draft, greedy)
-        return ids
+        committed = d.commit_rows(self.slots[:b], self.hidden[: b * L], self.tokens[: b * L].view(b, L),
+                                  self.num_valid[:b], self.seq_start[:b], self.next_token[:b])
+        return _CHAIN.draft(d, committed, self.num_draft, greedy).ids
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -94,7 +98,7 @@ class DecodeGraphs:
         d, L = self.drafter, self.L
         B = len(slot_list)
         b = self.bucket(B)
-        slots, dest = d._decode_indices(batch, slot_list + [self.sink] * (b - B), L)  # padding -> sink
+        slots, dest = d.decode_indices(batch, slot_list + [self.sink] * (b - B), L)  # padding -> sink
         self.slots[:b].copy_(slots)
         self.hidden[dest] = batch.hidden.to(self.hidden.dtype)
         self.tokens[dest] = batch.token_ids
@@ -106,3 +110,21 @@ class DecodeGraphs:
             self.graphs[b].replay()
             return self.out[b][:B].clone()  # the static output is overwritten by the next replay
         return self._step(b)[:B]
+
+
+@dataclass
+class GraphDrafting:
+    """The greedy chain, its decode steps through DecodeGraphs (captured, or the same static
+    buffers run eagerly); a step the graphs do not cover (prompt chunks, a sampled draft,
+    another depth, a batch above the largest bucket) takes `fallback` (commit, then chain)."""
+
+    graphs: DecodeGraphs
+    fallback: ChainDrafting
+    name: str = "chain in CUDA graphs"
+
+    def step(self, drafter: SparrowDrafter, batch: StepBatch, num_draft: int, sample: Sampler = greedy) -> Drafts:
+        g = self.graphs
+        if (sample is greedy and num_draft == g.num_draft and batch.fits_decode_layout(num_draft)
+                and g.bucket(len(batch.req_ids)) is not None):
+            return Drafts(g.run(batch, drafter.slots_for(batch.req_ids)))
+        return self.fallback.step(drafter, batch, num_draft, sample)

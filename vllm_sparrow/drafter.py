@@ -23,31 +23,24 @@ is read).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from .attention import WindowAttentionBackend
+from .draft_step import ChainDrafting, Committed, Drafts, DraftingStrategy, Proposal, Sampler, StepBatch, greedy
 from .model import SparrowDraftModel, TokenIO
 from .serving_layer import SparrowServingLayer
-from .tree_search import TreeSpec, search_chain
 from .window import PackedRows, TextWindowCache, WindowBatch, WindowSpec
 
-# sample(logits [B, vocab]) -> (token ids [B], probs [B, vocab] or None).
-# probs are the distribution the ids were drawn from (None: deterministic, e.g. greedy).
-Sampler = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
-
+__all__ = ["SparrowDrafter", "StepBatch", "Sampler", "greedy", "sampled"]
 
 COMMITTED, SEEN, HAS_PENDING = 0, 1, 2  # columns of SparrowDrafter.state
 
 
 GREEDY_TEMPERATURE = 1e-5  # vLLM's threshold: a request at a lower temperature is greedy
-
-
-def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, None]:
-    return logits.argmax(dim=-1), None
+CHAIN = ChainDrafting()  # the default strategy: the greedy or sampled chain
 
 
 def sampled(temperature: torch.Tensor, generator: torch.Generator) -> Sampler:
@@ -67,55 +60,6 @@ def sampled(temperature: torch.Tensor, generator: torch.Generator) -> Sampler:
         return ids, torch.where(is_greedy[:, None], one_hot, probs)
 
     return sample
-
-
-@dataclass
-class StepBatch:
-    """What the target computed in one engine step, for each request of the batch."""
-
-    req_ids: list[str]  # [B]
-    token_ids: torch.Tensor  # [T] tokens the target processed this step
-    hidden: torch.Tensor  # [T, hidden] target final-layer (normed) hidden states of those tokens
-    query_start: np.ndarray  # [B + 1] host: request b owns rows query_start[b]:query_start[b+1]
-    num_valid: torch.Tensor  # [B] rows whose states count (rejected draft rows excluded)
-    seq_start: torch.Tensor  # [B] sequence index of the request's first row
-    num_prompt_tokens: torch.Tensor  # [B] only prompt positions can be visual placeholders
-    next_token: torch.Tensor  # [B] the token after the last valid row
-    mid_prefill: torch.Tensor  # [B] bool: prompt not fully processed yet: commit, no drafts
-    # Host promise that no row is a prompt position (so none is visual, none mid-prefill, no
-    # request restarts): every request is decoding. Such steps take the fixed-shape decode path.
-    decode_only: bool = False
-    # Host: an upper bound on each request's text entries after this step (its sequence length
-    # will do; less its visual placeholders is tight). Lets the torch path skip unused ring rows.
-    text_bound: np.ndarray | None = None  # [B]
-    # Host: an upper bound on each request's text rows in this step (its rows less the visual
-    # placeholders among them). Sizes the packed layout of a step with prompt chunks without a
-    # device read; None: every row may be text (a video chunk's placeholders become padding).
-    text_rows: np.ndarray | None = None  # [B]
-
-    @classmethod
-    def from_lists(cls, req_ids: list[str], token_ids: torch.Tensor, hidden: torch.Tensor,
-                   row_start: Sequence[int], num_valid: Sequence[int], seq_start: Sequence[int],
-                   num_prompt_tokens: Sequence[int], next_token: torch.Tensor,
-                   mid_prefill: Sequence[bool], visual_token_ids: Sequence[int] | None = None) -> StepBatch:
-        """Host-side construction (tests, the acceptance replay): rows of request b start at
-        row_start[b] and run to the next request's start (the last one to the end). With
-        visual_token_ids, text_rows is counted from the tokens (tight); else left unbounded."""
-        dev = token_ids.device
-        t = lambda xs, dt: torch.tensor(list(xs), dtype=dt, device=dev)  # noqa: E731
-        decode_only = all(s >= p for s, p in zip(seq_start, num_prompt_tokens)) and not any(mid_prefill)
-        query_start = np.asarray(list(row_start) + [token_ids.shape[0]], dtype=np.int64)
-        text_rows = None
-        if visual_token_ids is not None:
-            ids, qs = token_ids.cpu().numpy(), query_start
-            seq = np.concatenate([s + np.arange(e - b) for s, b, e in zip(seq_start, qs[:-1], qs[1:])] or [[]])
-            prompt = np.repeat(np.asarray(num_prompt_tokens), np.diff(qs))
-            text = ~(np.isin(ids, list(visual_token_ids)) & (seq < prompt))  # [T]
-            text_rows = np.array([text[lo:hi].sum() for lo, hi in zip(qs[:-1], qs[1:])], dtype=np.int64)
-        return cls(list(req_ids), token_ids.long(), hidden, query_start,
-                   t(num_valid, torch.long), t(seq_start, torch.long), t(num_prompt_tokens, torch.long),
-                   next_token.long(), t(mid_prefill, torch.bool), decode_only,
-                   np.asarray(seq_start, dtype=np.int64) + np.diff(query_start), text_rows)
 
 
 class SparrowDrafter:
@@ -155,16 +99,6 @@ class SparrowDrafter:
         # Host: request id -> slot.
         self.slot_of: dict[str, int] = {}
         self._free = list(range(max_requests - 1, -1, -1))
-        # The decode step captured per batch bucket (draft_graphs.DecodeGraphs), set by the owner.
-        self.graphs = None
-        # Adaptive length (set by the owner): keep each step's draft confidences, the drafted
-        # token's probability under the draft, in last_confidence [B, K] (no CUDA graphs then).
-        self.track_confidence = False
-        self.last_confidence: torch.Tensor | None = None
-        # Tree search (tree_search.py, set by the owner): greedy steps hand over the best path of
-        # an EAGLE-2-style search instead of the greedy chain (no CUDA graphs then).
-        self.tree: TreeSpec | None = None
-        self._confidence: list[torch.Tensor] = []
         # Text entries each recent request committed (device values, read only by stats()).
         self._released: OrderedDict[str, torch.Tensor] = OrderedDict()
 
@@ -180,6 +114,10 @@ class SparrowDrafter:
             self.state[slot, SEEN] = -1  # a fresh stream (the slot may hold an older request's)
         return slot
 
+    def slots_for(self, req_ids: Sequence[str]) -> list[int]:
+        """The cache slot of each request, a free one for a request new to the drafter."""
+        return [self._slot(r) for r in req_ids]
+
     def release(self, req_ids) -> None:
         """Forget requests that finished, were aborted or preempted (their slots go back)."""
         for r in req_ids:
@@ -193,34 +131,27 @@ class SparrowDrafter:
 
     # ---- one engine step -----------------------------------------------------------
     @torch.inference_mode()
-    def step(self, batch: StepBatch, num_draft: int, sample: Sampler = greedy
-             ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Commit this step's target states, then draft `num_draft` tokens per request.
+    def step(self, batch: StepBatch, num_draft: int, sample: Sampler = greedy,
+             drafting: DraftingStrategy = CHAIN) -> Drafts:
+        """Commit this step's target states, then draft `num_draft` tokens per request the way
+        `drafting` does (draft_step.py; by default the greedy or sampled chain): ids [B, num_draft]
+        (zeros for requests still in their prompt), and with a probabilistic `sample` the draft
+        probabilities [B, num_draft, vocab]."""
+        return drafting.step(self, batch, num_draft, sample)
 
-        Returns draft ids [B, num_draft] (zeros for requests still in their prompt) and, when
-        `sample` is probabilistic, the draft probabilities [B, num_draft, vocab].
-        """
+    def commit(self, batch: StepBatch, num_draft: int) -> Committed:
+        """Commit this step's target states to the requests' slots (the fixed [B, K + 1] layout
+        when every request decodes, else packed rows): what every strategy drafts from."""
         if num_draft > self.max_draft_tokens:
             raise ValueError(f"{num_draft} draft tokens asked, the drafter was sized for "
                              f"{self.max_draft_tokens}")
-        decode = batch.decode_only and int(np.diff(batch.query_start).max(initial=0)) <= num_draft + 1
-        slot_list = [self._slot(r) for r in batch.req_ids]
-        g = None if self.track_confidence or self.tree is not None else self.graphs
-        self._confidence = []
-        if decode and g is not None and sample is greedy and num_draft == g.num_draft and g.bucket(len(slot_list)):
-            return g.run(batch, slot_list), None
+        slot_list = self.slots_for(batch.req_ids)
         # Ring rows that can hold an entry: while no slot of the batch has wrapped, a prefix.
         rows = None if batch.text_bound is None else int(batch.text_bound.max(initial=0))
-        if decode:
-            slots, dest = self._decode_indices(batch, slot_list, num_draft + 1)
-            y_last, c_new, drafting, ctx = self._commit_decode(batch, slots, dest, num_draft + 1, rows)
-        else:
-            y_last, c_new, drafting, ctx, slots = self._commit_packed(batch, slot_list, rows)
-        if self.tree is not None and sample is greedy:
-            ids, confidence = search_chain(self, self.tree, y_last, slots, c_new, drafting, rows, num_draft)
-            self.last_confidence = confidence if self.track_confidence else None
-            return ids, None
-        return self._chain(y_last, slots, c_new, drafting, ctx, num_draft, sample)
+        if batch.fits_decode_layout(num_draft):
+            slots, dest = self.decode_indices(batch, slot_list, num_draft + 1)
+            return self._commit_decode(batch, slots, dest, num_draft + 1, rows)
+        return self._commit_packed(batch, slot_list, rows)
 
     @torch.inference_mode()
     def profile_step(self, num_tokens: int, num_requests: int, num_draft: int) -> int:
@@ -242,8 +173,7 @@ class SparrowDrafter:
         batch = StepBatch([""] * B, z(T) + text, self.pending.new_zeros(T, self.pending.shape[1]),
                           np.concatenate([[0], np.cumsum(qlen)]), torch.as_tensor(qlen, device=dev), z(B),
                           z(B), z(B) + text, z(B, torch.bool), text_rows=qlen)
-        y, c_new, drafting, ctx, slots = self._commit_packed(batch, [sink] * B, None)
-        self._chain(y, slots, c_new, drafting, ctx, num_draft, greedy)
+        CHAIN.draft(self, self._commit_packed(batch, [sink] * B, None), num_draft, greedy)
         self.state[sink] = torch.tensor([0, -1, 0], device=dev)
         return T + B
 
@@ -254,7 +184,7 @@ class SparrowDrafter:
             return host.pin_memory().to(self.device, non_blocking=True)
         return host.to(self.device)
 
-    def _decode_indices(self, batch: StepBatch, slot_list: list[int], L: int):
+    def decode_indices(self, batch: StepBatch, slot_list: list[int], L: int):
         """slots [len(slot_list)] (the batch's, then any padding the caller appends) and dest [T]
         (row of the [B, L] layout each of the step's rows goes to), copied in one transfer."""
         qs = batch.query_start
@@ -263,8 +193,8 @@ class SparrowDrafter:
                                              row_req * L + np.arange(int(qs[-1])) - qs[:-1][row_req]]))
         return dev[: len(slot_list)], dev[len(slot_list) :]
 
-    def _commit_decode(self, batch: StepBatch, slots, dest, L: int, rows: int | None = None):
-        """_commit() for a step where every request decodes: its rows are [last token, drafts...],
+    def _commit_decode(self, batch: StepBatch, slots, dest, L: int, rows: int | None = None) -> Committed:
+        """The commit of a step where every request decodes: its rows are [last token, drafts...],
         all text, the first num_valid of them accepted. Scatters the rows into the [B, L] layout
         (padding rows zero: they must stay finite), then commits."""
         B, H = len(batch.req_ids), batch.hidden.shape[-1]
@@ -272,10 +202,10 @@ class SparrowDrafter:
         hid[dest] = batch.hidden.to(hid.dtype)
         tok = batch.token_ids.new_zeros(B * L)
         tok[dest] = batch.token_ids
-        return self._commit_rows(slots, hid, tok.view(B, L), batch.num_valid, batch.seq_start, batch.next_token,
-                                 rows)
+        return self.commit_rows(slots, hid, tok.view(B, L), batch.num_valid, batch.seq_start, batch.next_token,
+                                rows)
 
-    def _commit_rows(self, slots, hid, tok, nv, seq_start, next_token, rows: int | None = None):
+    def commit_rows(self, slots, hid, tok, nv, seq_start, next_token, rows: int | None = None) -> Committed:
         """The decode commit on a laid-out batch: fixed shapes for a given (B, L), no host read
         (what a CUDA graph captures, draft_graphs.py).
 
@@ -300,11 +230,11 @@ class SparrowDrafter:
             ctx.append(chain_ctx)
             return out
 
-        y = self._forward(hid, following, wb, attention).view(B, L, -1)
+        y = self.forward(hid, following, wb, attention).view(B, L, -1)
         c_new = c0 + nv
         self.state[slots] = torch.stack([c_new, seq_start + nv, nv * 0], 1)  # nothing pending
         y_last = y[self._iota[:B], nv - 1]  # [B, H]
-        return y_last, c_new, nv > 0, ctx[0]
+        return Committed(y_last, slots, c_new, nv > 0, ctx[0], rows)
 
     def _packed_layout(self, batch: StepBatch, slot_list: list[int]):
         """Host indices of a packed step, copied in one transfer: slots [B], row_req [T] (request
@@ -326,7 +256,7 @@ class SparrowDrafter:
         return (dev[: e[0]], dev[e[0] : e[1]], dev[e[1] : e[2]], dev[e[2] : e[3]], cu,
                 dev[e[3] : e[4]], dev[e[4] : e[5]], dev[e[5] :])
 
-    def _commit_packed(self, batch: StepBatch, slot_list: list[int], rows: int | None):
+    def _commit_packed(self, batch: StepBatch, slot_list: list[int], rows: int | None) -> Committed:
         """Commit this step's new entries, packed (no padding between requests: a step where a
         prompt chunk joins decodes runs on the rows it has, never on B x the chunk's length, and
         reads nothing back to the host); update the slots' state. Every entry is projected and
@@ -407,9 +337,10 @@ class SparrowDrafter:
         self.pending[slots] = torch.where(keep_pending[:, None], last_item, self.pending[slots])
         c_new = c0 + count
         self.state[slots] = torch.stack([c_new, batch.seq_start + batch.num_valid, keep_pending.long()], 1)
-        return y_last, c_new, nt & (count > 0), ctx, slots
+        return Committed(y_last, slots, c_new, nt & (count > 0), ctx, rows)
 
-    def _forward(self, hidden, tokens, wb: WindowBatch, attention) -> torch.Tensor:
+    # ---- what drafting strategies draft through (draft_step.py) -----------------------
+    def forward(self, hidden, tokens, wb: WindowBatch, attention) -> torch.Tensor:
         """One draft forward over a [B, L] layout; returns [B * L, hidden].
         attention(q [B, L, heads, D], k, v [B, L, kv_heads, D]) -> [B, L, heads, D]."""
         B, L = wb.pos.shape
@@ -422,41 +353,26 @@ class SparrowDrafter:
         embeds = self.io.embed(tokens.reshape(-1))
         return self.layer(hidden.reshape(B * L, -1), embeds, wb.pos.reshape(-1), attend)
 
-    def _chain(self, y, slots, c_new, drafting, ctx, num_draft, sample):
-        """K autoregressive draft tokens per request from its last committed entry; the chain's
-        own entries take text indices c_new, c_new + 1, ...: scratch that no later step reads
-        (the next step commits over those indices)."""
-        ids, probs = [], []
-        for step in range(num_draft):
-            tok, p = self._propose(y, sample)  # [B]
-            ids.append(tok)
-            if p is not None:
-                probs.append(p)
-            if step == num_draft - 1:
-                break
-            pos = c_new + step  # [B]
-            wb = WindowBatch(slots, pos[:, None], drafting[:, None], pos)
-            y = self._forward(y, tok[:, None], wb,
-                              lambda q, k, v, wb=wb: self.backend.chain(self.cache, ctx, wb, q, k, v))
-        out = torch.stack(ids, 1) if ids else torch.zeros(len(slots), 0, dtype=torch.long, device=self.device)
-        out = torch.where(drafting[:, None], out, 0)  # [B, K]
-        if self.track_confidence and self._confidence:
-            self.last_confidence = torch.stack(self._confidence, 1)  # [B, K]
-        return out, (torch.stack(probs, 1) if probs else None)
+    def chain_attention(self, committed: Committed, wb: WindowBatch):
+        """The attention of a chained forward at wb: the committed keys the commit gathered,
+        plus the chain's own entries (written past the committed end, never read later)."""
+        return lambda q, k, v: self.backend.chain(self.cache, committed.chain_ctx, wb, q, k, v)
 
-    def _propose(self, y, sample):
-        """Draft tokens [B] (and their distribution [B, vocab]) from draft states y [B, H]."""
+    def propose(self, y: torch.Tensor, sample: Sampler, confidence: bool = False) -> Proposal:
+        """Draft tokens [B] (their distribution [B, vocab], and with `confidence` their
+        probability under the draft [B]) from draft states y [B, H]."""
         logits = self.io.logits(y)
         tok, p = sample(logits)
-        if self.track_confidence:  # the drafted token's probability under the draft
+        conf = None
+        if confidence:  # the drafted token's probability under the draft
             probs = p if p is not None else logits.float().softmax(-1)
-            self._confidence.append(probs.gather(-1, tok[:, None])[:, 0])
+            conf = probs.gather(-1, tok[:, None])[:, 0]
         if self.vocab_ids is None:
-            return tok, p
+            return Proposal(tok, p, conf)
         tok = self.vocab_ids[tok]  # subset column -> token id
         if p is not None:  # q = 0 outside the subset
             p = p.new_zeros(p.shape[0], self.full_vocab).index_copy_(1, self.vocab_ids, p)
-        return tok, p
+        return Proposal(tok, p, conf)
 
     # ---- accounting ----------------------------------------------------------------
     def stats(self) -> dict:
@@ -470,5 +386,4 @@ class SparrowDrafter:
             "bytes_per_slot": self.cache.bytes_per_slot,
             "cache_bytes": self.cache.nbytes,
             "text_entries": entries,
-            "tree": None if self.tree is None else [self.tree.topk, self.tree.budget],
         }

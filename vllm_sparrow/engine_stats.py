@@ -26,12 +26,12 @@ def spec_counters(llm) -> dict[str, Any]:
 
 
 def _drafter_stats(worker) -> dict:
-    drafter = getattr(worker.model_runner, "drafter", None)
-    inner = getattr(drafter, "drafter", None)
-    return inner.stats() if inner is not None else {}
+    proposer = getattr(worker.model_runner, "drafter", None)
+    stats = getattr(proposer, "sparrow_stats", None)
+    return stats() if stats is not None else {}
 
 
 def drafter_stats(llm) -> dict[str, Any]:
-    """SparrowDrafter.stats() of the (first) worker, through LLM.collective_rpc; {} when the
-    engine does not draft with sparrow."""
+    """SparrowProposer.sparrow_stats() of the (first) worker (the drafter's accounting and the
+    drafting strategy), through LLM.collective_rpc; {} when the engine does not draft with sparrow."""
     return llm.collective_rpc(_drafter_stats)[0]

@@ -4,7 +4,8 @@ A V1 `EagleProposer` subclass (the runner type-checks its drafter against EagleP
 by patches.py for method "sparrow". It replaces the EAGLE data path: vLLM allocates no draft KV
 cache and never feeds visual embeddings to the draft; each step is translated into a
 `StepBatch` and handed to `SparrowDrafter`, which owns the text-only window cache (allocated
-once at load time, sized by max_num_seqs, refused with a message when it cannot fit).
+once at load time, sized by max_num_seqs, refused with a message when it cannot fit), with the
+drafting strategy chosen at load (drafting.py).
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from vllm.v1.spec_decode.eagle import EagleProposer
 from . import envs
 from .attention import select_backend
 from .checkpoint import load_draft
-from .draft_graphs import DecodeGraphs, default_buckets
+from .draft_graphs import GraphDrafting, default_buckets
+from .draft_step import Drafts, DraftingStrategy
 from .draft_vocab import SubsetLogits, load_vocab
 from .drafter import Sampler, SparrowDrafter, StepBatch, greedy, sampled
+from .drafting import choose_drafting
 from .model import OwnTokenIO
 from .targets import target_spec
-from .tree_search import tree_spec
+from .tree_search import TreeDrafting, tree_spec
 from .window import TextWindowCache, WindowSpec
 
 from vllm.logger import init_logger
@@ -63,7 +66,9 @@ class SparrowProposer(EagleProposer):
         self.runner = runner
         # Visual embeddings never reach the draft (the runner then skips gathering them).
         self.supports_mm_inputs = False
-        self.drafter: SparrowDrafter | None = None
+        # (`drafter` is what vLLM's runner calls this proposer; the Sparrow drafter is ours.)
+        self.sparrow_drafter: SparrowDrafter | None = None
+        self.drafting: DraftingStrategy | None = None
         self.draft_generator = torch.Generator(device=device)
         self.draft_generator.manual_seed(vllm_config.model_config.seed or 0)
 
@@ -85,27 +90,24 @@ class SparrowProposer(EagleProposer):
         self._visual_ids = np.asarray(target.visual_token_ids, dtype=np.int64)
         self._visual_count: dict[str, int] = {}  # request id -> visual placeholders in its prompt
         io = self._token_io(model, target_model, draft_dir)
-        self.drafter = SparrowDrafter(
+        drafter = self.sparrow_drafter = SparrowDrafter(
             model, io, target.visual_token_ids,
             backend, self.device, self.dtype, max_requests=max_seqs, max_draft_tokens=k,
             max_text_tokens=self.max_model_len,
         )
         self.stop_confidence = adaptive_length(stop_confidence(cfg), self.vllm_config.scheduler_config.async_scheduling)
-        self.drafter.track_confidence = self.stop_confidence is not None
-        self.drafter.tree = tree_spec(cfg, k)
         mode = draft_graph_mode(self.vllm_config, self.device)
-        if self.drafter.tree is not None or self.drafter.track_confidence:
-            mode = None  # tree search and adaptive length run eagerly
-        if mode is not None:
-            self.drafter.graphs = DecodeGraphs(self.drafter, k, default_buckets(max_seqs), capture=mode == "capture")
+        self.drafting = choose_drafting(drafter, k, tree_spec(cfg, k), self.stop_confidence is not None, mode,
+                                        default_buckets(max_seqs))
+        graphs = self.drafting.graphs if isinstance(self.drafting, GraphDrafting) else None
         logger.info(
             "Sparrow draft %s loaded: drafting %d tokens per step, %s-token draft vocabulary, %s, decode steps %s; text-only window cache (anchors=%d, window=%s) of %d slots x "
             "%d rows = %.1f MiB, attention backend %s, visual token ids %s skipped",
-            draft_dir, k, "full" if self.drafter.vocab_ids is None else self.drafter.vocab_ids.numel(),
-            "greedy chains" if self.drafter.tree is None else f"tree search {self.drafter.tree}",
-            {"capture": "in CUDA graphs", "eager": "on static buffers"}.get(mode, "eager"),
-            cfg.anchor_tokens, cfg.window_tokens, max_seqs, self.drafter.cache.capacity,
-            self.drafter.cache.nbytes / 2**20, backend.name, list(target.visual_token_ids),
+            draft_dir, k, "full" if drafter.vocab_ids is None else drafter.vocab_ids.numel(),
+            f"tree search {self.drafting.spec}" if isinstance(self.drafting, TreeDrafting) else "greedy chains",
+            "eager" if graphs is None else ("in CUDA graphs" if graphs.capture_enabled else "on static buffers"),
+            cfg.anchor_tokens, cfg.window_tokens, max_seqs, drafter.cache.capacity,
+            drafter.cache.nbytes / 2**20, backend.name, list(target.visual_token_ids),
         )
 
     def _token_io(self, model, target_model, draft_dir):
@@ -142,21 +144,28 @@ class SparrowProposer(EagleProposer):
         # capture, the decode step is captured once for every batch bucket. Otherwise (vLLM's
         # memory profile among them) the largest step of num_tokens rows runs, so the draft's
         # activations are in the peak vLLM budgets for.
-        if self.drafter is None:
+        if self.sparrow_drafter is None:
             return
         if is_graph_capturing:
-            if self.drafter.graphs is not None:
-                self.drafter.graphs.capture()
+            if isinstance(self.drafting, GraphDrafting):
+                self.drafting.graphs.capture()
             return
         max_seqs = self.vllm_config.scheduler_config.max_num_seqs
-        rows = self.drafter.profile_step(num_tokens, max_seqs, self.num_speculative_tokens)
+        rows = self.sparrow_drafter.profile_step(num_tokens, max_seqs, self.num_speculative_tokens)
         self.profiled_rows = max(getattr(self, "profiled_rows", 0), rows)
 
     def release_requests(self, req_ids) -> None:
-        if self.drafter is not None:
-            self.drafter.release(req_ids)
+        if self.sparrow_drafter is not None:
+            self.sparrow_drafter.release(req_ids)
         for r in req_ids:
             self._visual_count.pop(r, None)
+
+    def sparrow_stats(self) -> dict:
+        """The drafter's accounting (SparrowDrafter.stats) and the drafting strategy: its name and,
+        for tree search, [topk, budget] (engine_stats.drafter_stats reads it)."""
+        tree = self.drafting.spec if isinstance(self.drafting, TreeDrafting) else None
+        return {**self.sparrow_drafter.stats(), "drafting": self.drafting.name,
+                "tree": None if tree is None else [tree.topk, tree.budget]}
 
     # ---- one step ------------------------------------------------------------------
     def propose(
@@ -173,26 +182,26 @@ class SparrowProposer(EagleProposer):
         num_rejected_tokens_gpu: torch.Tensor | None = None,  # [batch], padded-batch mode
         slot_mappings=None,
     ) -> torch.Tensor:  # [batch, num_speculative_tokens]
-        assert self.drafter is not None, "load_model() was not called"
+        assert self.sparrow_drafter is not None, "load_model() was not called"
         batch = self._step_batch(
             target_token_ids, target_hidden_states, next_token_ids,
             common_attn_metadata, num_rejected_tokens_gpu,
         )
-        draft_ids, probs = self.drafter.step(
-            batch, num_speculative_tokens, self._sampler(sampling_metadata)
+        drafts = self.sparrow_drafter.step(
+            batch, num_speculative_tokens, self._sampler(sampling_metadata), self.drafting
         )
-        self._last_draft_probs = probs
-        if self.stop_confidence is not None and probs is None:
-            return self._trimmed(draft_ids)
-        return draft_ids
+        self._last_draft_probs = drafts.probs
+        if self.stop_confidence is not None and drafts.probs is None:
+            return self._trimmed(drafts)
+        return drafts.ids
 
-    def _trimmed(self, draft_ids: torch.Tensor) -> list[list[int]]:
+    def _trimmed(self, drafts: Drafts) -> list[list[int]]:
         """Adaptive length: each request's drafts up to where their cumulative draft confidence
         falls below stop_confidence (at least one). A list of lists, as vLLM takes from its ngram
         proposer: the scheduler then schedules exactly that many tokens to verify. Reads the
         drafts back to the host (vLLM's non-async path does that anyway)."""
-        keep = (self.drafter.last_confidence.cumprod(1) >= self.stop_confidence).sum(1).clamp(min=1)  # [B]
-        return [row[:n] for row, n in zip(draft_ids.tolist(), keep.tolist())]
+        keep = (drafts.confidence.cumprod(1) >= self.stop_confidence).sum(1).clamp(min=1)  # [B]
+        return [row[:n] for row, n in zip(drafts.ids.tolist(), keep.tolist())]
 
     def _step_batch(self, token_ids, hidden, next_token_ids, cm, num_rejected) -> StepBatch:
         """The engine step as the drafter sees it, without reading anything back from the
@@ -216,7 +225,7 @@ class SparrowProposer(EagleProposer):
             query_start=query_start,
             num_valid=num_valid.long(),
             seq_start=(cm.seq_lens[:n] - query_lens).long(),
-            num_prompt_tokens=self.drafter.to_device(prompt_lens),
+            num_prompt_tokens=self.sparrow_drafter.to_device(prompt_lens),
             next_token=next_token_ids[:n].long(),
             mid_prefill=self.runner.discard_request_mask.gpu[:n],
             decode_only=decoding,

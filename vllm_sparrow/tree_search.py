@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from vllm_sparrow_kernels.window_attention_ref import key_visible, ring_stored_index
 
 from . import envs
+from .draft_step import ChainDrafting, Committed, DraftCore, Drafts, Sampler, StepBatch, greedy
 from .window import WindowBatch
 
 
@@ -59,6 +60,25 @@ def tree_spec(cfg, num_draft: int) -> TreeSpec | None:
         raise ValueError(f"tree_budget={budget} is below tree_topk={topk}: the search expands "
                          f"tree_topk nodes per level, so give it at least {topk} (or turn the tree off)")
     return TreeSpec(topk, budget)
+
+
+@dataclass(frozen=True)
+class TreeDrafting:
+    """A drafting strategy (draft_step.py): greedy steps draft the best path of the search; a
+    sampled draft keeps the sampled chain (a searched path is not a draw from the draft's q)."""
+
+    spec: TreeSpec
+    confidence: bool = False  # keep each drafted token's draft probability (adaptive length)
+    name: str = "tree search"
+
+    def step(self, drafter: DraftCore, batch: StepBatch, num_draft: int, sample: Sampler = greedy) -> Drafts:
+        return self.draft(drafter, drafter.commit(batch, num_draft), num_draft, sample)
+
+    def draft(self, drafter: DraftCore, c: Committed, num_draft: int, sample: Sampler = greedy) -> Drafts:
+        if sample is not greedy:
+            return ChainDrafting(self.confidence).draft(drafter, c, num_draft, sample)
+        ids, conf = search_chain(drafter, self.spec, c, num_draft)
+        return Drafts(ids, None, conf if self.confidence else None)
 
 
 def _override(env: int | str | None, configured: int | None) -> int | None:
@@ -121,12 +141,10 @@ class BranchKeys:
         return out.transpose(1, 2)  # [B, w, heads, D]
 
 
-def search_chain(drafter, spec: TreeSpec, y, slots, c_new, drafting, rows: int | None, num_draft: int):
+def search_chain(drafter: DraftCore, spec: TreeSpec, committed: Committed, num_draft: int):
     """The best path of depth K = num_draft per request (ids [B, K]) and, per position, the
-    drafted token's probability under the draft [B, K] (for adaptive length).
-
-    y [B, H]: the draft state after the commit (its logits draft the first token); c_new [B]:
-    committed entries; drafting [B]: requests that draft this step (others get zeros).
+    drafted token's probability under the draft [B, K] (for adaptive length), from what the
+    commit left (committed.state [B, H] drafts the first token; requests not drafting get zeros).
 
     Worked example, one request, topk 2, K 3 (log-probabilities in brackets):
       root          top-2: a (-0.1), b (-2.0)                      frontier [a, b]
@@ -137,6 +155,7 @@ def search_chain(drafter, spec: TreeSpec, y, slots, c_new, drafting, rows: int |
       level 2       best child of each: ac -> g (-0.5): -0.8;  ad -> h (-0.1): -0.5
       chain         a d h (the greedy chain would have been a c g)
     """
+    y, slots, c_new, drafting = committed.state, committed.slots, committed.committed, committed.drafting
     B, K = y.shape[0], num_draft
     widths = spec.widths(K)  # [K - 1] frontier width at depths 1..K-1
     ids_of = (lambda col: drafter.vocab_ids[col]) if drafter.vocab_ids is not None else (lambda col: col)
@@ -144,14 +163,14 @@ def search_chain(drafter, spec: TreeSpec, y, slots, c_new, drafting, rows: int |
     score, col = logp.topk(widths[0] if widths else 1, -1)  # [B, w] the depth-1 frontier
     paths, cum = col[:, :, None], score[:, :, None]  # [B, w, depth] each node's path, prefix scores
     parent_states = y[:, None].repeat(1, score.shape[1], 1)  # [B, w, H]
-    keys = BranchKeys(drafter.cache, slots, c_new, rows, widths[0], K, y.dtype) if widths else None
+    keys = BranchKeys(drafter.cache, slots, c_new, committed.rows, widths[0], K, y.dtype) if widths else None
     for level in range(1, K):
         # The frontier (depth `level`) through one draft forward: every node at text index
         # c_new + level - 1, reading the committed keys and its own branch's.
         w = paths.shape[1]
         wb = WindowBatch(slots, (c_new + level - 1)[:, None].repeat(1, w), drafting[:, None].expand(B, w), c_new)
-        states = drafter._forward(parent_states.reshape(B * w, -1), ids_of(paths[:, :, -1]), wb,
-                                  lambda q, k, v, lv=level: keys.attend(lv, q, k, v)).view(B, w, -1)
+        states = drafter.forward(parent_states.reshape(B * w, -1), ids_of(paths[:, :, -1]), wb,
+                                 lambda q, k, v, lv=level: keys.attend(lv, q, k, v)).view(B, w, -1)
         # Score the children; the best w_next of them form the next frontier (1: only the best
         # child of each node can win, so one child each is scored).
         w_next = widths[level] if level < K - 1 else 1

@@ -19,6 +19,7 @@ import torch
 
 from ..attention import TorchWindowAttention
 from ..cli_args import knob
+from ..draft_step import ChainDrafting
 from ..drafter import SparrowDrafter, StepBatch
 from ..model import OwnTokenIO, SparrowDraftModel
 
@@ -74,7 +75,7 @@ def _replay(draft, io, sample, k: int, est: AcceptanceEstimate) -> None:
     while c + k < m:
         batch = StepBatch.from_lists(["r"], tokens[lo:c], hidden[lo:c], [0], [c - lo], [lo], [p],
                           tokens[c : c + 1], [False])
-        drafts, _ = drafter.step(batch, k)
+        drafts = drafter.step(batch, k).ids
         accepted = _verify(est, drafts[0].tolist(), tokens, greedy, c)
         lo, c = c, c + accepted + 1  # verify step rows: the last verified token + accepted drafts
     drafter.release(["r"])
@@ -136,6 +137,7 @@ def estimate_acceptance_eagle3(draft, draft_io, target_io, samples, k: int, stre
 
 
 THRESHOLDS = (0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+_WITH_CONFIDENCE = ChainDrafting(confidence=True)  # the chain adaptive length trims
 
 
 @dataclass
@@ -171,15 +173,14 @@ def calibrate_stop_confidence(draft: SparrowDraftModel, io, samples, k: int, ver
         greedy = io.logits(hidden).argmax(-1)
         drafter = SparrowDrafter(draft, OwnTokenIO(draft, io), (), TorchWindowAttention(), hidden.device,
                                  hidden.dtype, max_requests=1, max_draft_tokens=k, max_text_tokens=m + k + 1)
-        drafter.track_confidence = True
         lo, c = 0, p
         while c + k < m:
             batch = StepBatch.from_lists(["r"], tokens[lo:c], hidden[lo:c], [0], [c - lo], [lo], [p],
                                          tokens[c : c + 1], [False])
-            drafts, _ = drafter.step(batch, k)
+            drafts = drafter.step(batch, k, drafting=_WITH_CONFIDENCE)
             scratch = AcceptanceEstimate(0, 0, [0] * k)
-            accepted = _verify(scratch, drafts[0].tolist(), tokens, greedy, c)
-            points.append((drafter.last_confidence[0].cumprod(0).tolist(), accepted))
+            accepted = _verify(scratch, drafts.ids[0].tolist(), tokens, greedy, c)
+            points.append((drafts.confidence[0].cumprod(0).tolist(), accepted))
             lo, c = c, c + accepted + 1
     draft.train(was_training)
 

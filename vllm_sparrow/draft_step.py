@@ -1,0 +1,179 @@
+"""One draft step as named stages, and the interface every drafting strategy drafts through.
+
+    StepBatch ── SparrowDrafter.commit ──> Committed ── strategy.draft ──> Drafts
+
+The drafter (drafter.py) owns the request slots and the text-window cache and commits each
+step's target states; a drafting strategy drafts K tokens per request from what the commit left.
+Strategies are peers, chosen once when the draft is loaded (drafting.choose_drafting):
+  ChainDrafting    K chained forwards, greedy or sampled (here)
+  TreeDrafting     EAGLE-2-style search, its best path as the chain (tree_search.py)
+  GraphDrafting    the greedy chain of a decode step replayed in CUDA graphs, which capture the
+                   commit too, so it takes the whole step (draft_graphs.py)
+Each has `step(drafter, batch, num_draft, sample) -> Drafts`; the commit-then-draft ones also
+`draft(drafter, committed, num_draft, sample)`. What a strategy may use of the drafter is
+DraftCore, the public surface SparrowDrafter implements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from .window import TextWindowCache, WindowBatch
+
+# sample(logits [B, vocab]) -> (token ids [B], probs [B, vocab] or None).
+# probs are the distribution the ids were drawn from (None: deterministic, e.g. greedy).
+Sampler = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, None]:
+    return logits.argmax(dim=-1), None
+
+
+@dataclass
+class StepBatch:
+    """What the target computed in one engine step, for each request of the batch."""
+
+    req_ids: list[str]  # [B]
+    token_ids: torch.Tensor  # [T] tokens the target processed this step
+    hidden: torch.Tensor  # [T, hidden] target final-layer (normed) hidden states of those tokens
+    query_start: np.ndarray  # [B + 1] host: request b owns rows query_start[b]:query_start[b+1]
+    num_valid: torch.Tensor  # [B] rows whose states count (rejected draft rows excluded)
+    seq_start: torch.Tensor  # [B] sequence index of the request's first row
+    num_prompt_tokens: torch.Tensor  # [B] only prompt positions can be visual placeholders
+    next_token: torch.Tensor  # [B] the token after the last valid row
+    mid_prefill: torch.Tensor  # [B] bool: prompt not fully processed yet: commit, no drafts
+    # Host promise that no row is a prompt position (so none is visual, none mid-prefill, no
+    # request restarts): every request is decoding. Such steps take the fixed-shape decode path.
+    decode_only: bool = False
+    # Host: an upper bound on each request's text entries after this step (its sequence length
+    # will do; less its visual placeholders is tight). Lets the torch path skip unused ring rows.
+    text_bound: np.ndarray | None = None  # [B]
+    # Host: an upper bound on each request's text rows in this step (its rows less the visual
+    # placeholders among them). Sizes the packed layout of a step with prompt chunks without a
+    # device read; None: every row may be text (a video chunk's placeholders become padding).
+    text_rows: np.ndarray | None = None  # [B]
+
+    @classmethod
+    def from_lists(cls, req_ids: list[str], token_ids: torch.Tensor, hidden: torch.Tensor,
+                   row_start: Sequence[int], num_valid: Sequence[int], seq_start: Sequence[int],
+                   num_prompt_tokens: Sequence[int], next_token: torch.Tensor,
+                   mid_prefill: Sequence[bool], visual_token_ids: Sequence[int] | None = None) -> StepBatch:
+        """Host-side construction (tests, the acceptance replay): rows of request b start at
+        row_start[b] and run to the next request's start (the last one to the end). With
+        visual_token_ids, text_rows is counted from the tokens (tight); else left unbounded."""
+        dev = token_ids.device
+        t = lambda xs, dt: torch.tensor(list(xs), dtype=dt, device=dev)  # noqa: E731
+        decode_only = all(s >= p for s, p in zip(seq_start, num_prompt_tokens)) and not any(mid_prefill)
+        query_start = np.asarray(list(row_start) + [token_ids.shape[0]], dtype=np.int64)
+        text_rows = None
+        if visual_token_ids is not None:
+            ids, qs = token_ids.cpu().numpy(), query_start
+            seq = np.concatenate([s + np.arange(e - b) for s, b, e in zip(seq_start, qs[:-1], qs[1:])] or [[]])
+            prompt = np.repeat(np.asarray(num_prompt_tokens), np.diff(qs))
+            text = ~(np.isin(ids, list(visual_token_ids)) & (seq < prompt))  # [T]
+            text_rows = np.array([text[lo:hi].sum() for lo, hi in zip(qs[:-1], qs[1:])], dtype=np.int64)
+        return cls(list(req_ids), token_ids.long(), hidden, query_start,
+                   t(num_valid, torch.long), t(seq_start, torch.long), t(num_prompt_tokens, torch.long),
+                   next_token.long(), t(mid_prefill, torch.bool), decode_only,
+                   np.asarray(seq_start, dtype=np.int64) + np.diff(query_start), text_rows)
+
+    def fits_decode_layout(self, num_draft: int) -> bool:
+        """Every request decodes with at most num_draft + 1 rows: the fixed [B, K + 1] layout
+        (what CUDA graphs capture) holds the step."""
+        return self.decode_only and int(np.diff(self.query_start).max(initial=0)) <= num_draft + 1
+
+
+@dataclass
+class Committed:
+    """What a step's commit leaves for drafting."""
+
+    state: torch.Tensor  # [B, H] draft output at each request's last committed entry (drafts the 1st token)
+    slots: torch.Tensor  # [B] cache slot of each request
+    committed: torch.Tensor  # [B] text entries in the slot after the commit; chained ones take c, c + 1, ...
+    drafting: torch.Tensor  # [B] bool: requests that draft this step (the others get zeros)
+    chain_ctx: Any  # the attention backend's context for the chained forwards (attention.py)
+    rows: int | None = None  # ring rows that can hold an entry (None: every row)
+
+
+@dataclass
+class Drafts:
+    """A step's drafts."""
+
+    ids: torch.Tensor  # [B, K] draft token ids (0 for requests that do not draft)
+    probs: torch.Tensor | None = None  # [B, K, vocab] the distribution each id was drawn from (sampled)
+    confidence: torch.Tensor | None = None  # [B, K] each id's probability under the draft (adaptive length)
+
+
+@dataclass
+class Proposal:
+    """One chained position's draft tokens."""
+
+    ids: torch.Tensor  # [B] token ids (vocabulary ids, a reduced draft vocabulary mapped back)
+    probs: torch.Tensor | None  # [B, vocab] what they were drawn from (None: deterministic)
+    confidence: torch.Tensor | None  # [B] their probability under the draft (when asked)
+
+
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (q, k, v) -> out
+
+
+class DraftCore(Protocol):
+    """What drafting strategies use of the drafter (drafter.SparrowDrafter implements it)."""
+
+    io: Any  # the token I/O: embed(ids), logits(states) (model.TokenIO)
+    cache: TextWindowCache
+    vocab_ids: torch.Tensor | None  # [N] column -> token id of a reduced draft vocabulary
+
+    def commit(self, batch: StepBatch, num_draft: int) -> Committed: ...
+
+    def forward(self, hidden: torch.Tensor, tokens: torch.Tensor, wb: WindowBatch,
+                attention: Attention) -> torch.Tensor: ...
+
+    def chain_attention(self, committed: Committed, wb: WindowBatch) -> Attention: ...
+
+    def propose(self, y: torch.Tensor, sample: Sampler, confidence: bool = False) -> Proposal: ...
+
+    def slots_for(self, req_ids: Sequence[str]) -> list[int]: ...
+
+
+class DraftingStrategy(Protocol):
+    name: str
+
+    def step(self, drafter: DraftCore, batch: StepBatch, num_draft: int, sample: Sampler) -> Drafts:
+        """Commit the batch's target states and draft num_draft tokens per request."""
+
+
+@dataclass(frozen=True)
+class ChainDrafting:
+    """K autoregressive draft tokens per request from its last committed entry; the chain's own
+    entries take text indices c, c + 1, ...: scratch that no later step reads (the next step
+    commits over those indices)."""
+
+    confidence: bool = False  # keep each drafted token's draft probability (adaptive length)
+    name: str = "chain"
+
+    def step(self, drafter: DraftCore, batch: StepBatch, num_draft: int, sample: Sampler = greedy) -> Drafts:
+        return self.draft(drafter, drafter.commit(batch, num_draft), num_draft, sample)
+
+    def draft(self, drafter: DraftCore, c: Committed, num_draft: int, sample: Sampler = greedy) -> Drafts:
+        ids, probs, conf = [], [], []
+        y = c.state  # [B, H]
+        for step in range(num_draft):
+            p = drafter.propose(y, sample, self.confidence)
+            ids.append(p.ids)
+            if p.probs is not None:
+                probs.append(p.probs)
+            if p.confidence is not None:
+                conf.append(p.confidence)
+            if step == num_draft - 1:
+                break
+            pos = c.committed + step  # [B] text index of the chained entry
+            wb = WindowBatch(c.slots, pos[:, None], c.drafting[:, None], pos)
+            y = drafter.forward(y, p.ids[:, None], wb, drafter.chain_attention(c, wb))
+        if not ids:
+            return Drafts(torch.zeros(len(c.slots), 0, dtype=torch.long, device=c.slots.device))
+        out = torch.where(c.drafting[:, None], torch.stack(ids, 1), 0)  # [B, K]
+        return Drafts(out, torch.stack(probs, 1) if probs else None, torch.stack(conf, 1) if conf else None)

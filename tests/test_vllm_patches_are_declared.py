@@ -1,21 +1,23 @@
-"""Every patch of vLLM internals is a row of patches.PATCHES: what was applied is what the table
+"""Every touch of vLLM internals is a row of patches.PATCHES: what was applied is what the table
 declares (the attribute it replaced, nothing undeclared, nothing missing on this platform), two
-patches never replace one attribute, and docs/vllm-patches.md is the table as generated."""
+patches never replace one attribute, every internal Sparrow reads without patching is present on
+the installed vLLM, the method's patches and the general fixes are declared in their own modules,
+and docs/vllm-patches.md is the table as generated."""
 
 import dataclasses
 from pathlib import Path
 
 import pytest
-from vllm.platforms import current_platform
 
-from vllm_sparrow import patches
+from vllm_sparrow import method_patches, patch_helper, patches, vllm_fixes, vllm_reads
+from vllm_sparrow.patch_helper import Read
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "vllm-patches.md"
 
 
 def test_applied_patches_are_the_declared_rows_for_this_platform():
     patches.apply_patches()  # idempotent; the plugin applied them when vLLM loaded
-    here = [r.name for r in patches.PATCHES if r.platform == "any" or current_platform.is_cpu()]
+    here = [r.name for r in patches.PATCHES if r.kind == "replaces" and patches.on_this_platform(r)]
     assert list(patches.APPLIED) == here
     for name, applied in patches.APPLIED.items():
         assert applied.target == patches.DECLARED[name].target
@@ -29,14 +31,60 @@ def test_two_patches_of_one_attribute_are_refused(monkeypatch):
     rival = dataclasses.replace(patches.DECLARED["use-eagle"], name="rival")
     monkeypatch.setitem(patches.DECLARED, "rival", rival)
     with pytest.raises(RuntimeError, match="'use-eagle' and 'rival' both replace"):
-        patches._patch("rival", held.owner, held.attr, lambda original: original)
+        patch_helper.replace_attr("rival", held.owner, held.attr, lambda original: original)
     with pytest.raises(RuntimeError, match="not declared"):
-        patches._patch("undeclared", held.owner, "__repr__", lambda original: original)
+        patch_helper.replace_attr("undeclared", held.owner, "__repr__", lambda original: original)
+    read = next(r for r in patches.PATCHES if r.kind == "reads")
+    with pytest.raises(RuntimeError, match="not declared"):  # a read row replaces nothing
+        patch_helper.replace_attr(read.name, held.owner, "__repr__", lambda original: original)
 
 
 def test_patch_list_in_docs_is_generated_from_the_table():
     assert patches.table_markdown() in DOC.read_text(), "regenerate: python -m vllm_sparrow.patches"
     assert len({r.target for r in patches.PATCHES}) == len(patches.PATCHES)
+
+
+def test_the_method_patches_and_the_general_fixes_are_declared_in_their_own_modules():
+    """One table, joined from the rows each module declares beside its code: the method's patches
+    (all required) in method_patches.py, the general fixes (all can be turned off) in
+    vllm_fixes.py, each with the internals its code reads; the other reads in vllm_reads.py."""
+    assert patches.PATCHES == method_patches.ROWS + vllm_reads.ROWS + vllm_fixes.ROWS
+    for module, scope in ((method_patches, "sparrow"), (vllm_fixes, "fix")):
+        replaced = [r for r in module.ROWS if r.kind == "replaces"]
+        assert replaced and all(r.scope == scope and r.apply.__module__ == module.__name__ for r in replaced)
+        assert all(r.scope == scope for r in module.ROWS if r.kind == "reads")
+    assert all(r.kind == "reads" and r.scope == "sparrow" for r in vllm_reads.ROWS)
+    fixes = {r.name for r in vllm_fixes.ROWS if r.kind == "replaces"}
+    assert all(set(r.needs) <= fixes for r in vllm_fixes.ROWS)  # a fix's read follows that fix
+
+
+def test_every_read_of_this_platform_is_present_on_the_installed_vllm():
+    """Each internal Sparrow reads (or overrides) without patching it is where its row says on the
+    installed vLLM 0.32, found as its check says: attribute, dataclass field, or assigned in the
+    code of the class (instance attributes set in __init__)."""
+    reads = [r for r in patches.PATCHES if r.kind == "reads" and patches.on_this_platform(r)]
+    assert len(reads) > 40
+    assert patches.missing_reads(reads) == []
+    runner, proposer = "vllm.v1.worker.gpu_model_runner.GPUModelRunner", "vllm.v1.spec_decode.eagle.EagleProposer"
+    for target in (f"{runner}.input_batch", f"{runner}.discard_request_mask", f"{proposer}.num_speculative_tokens",
+                   f"{proposer}._enable_probabilistic_draft_probs",
+                   "vllm.v1.attention.backend.CommonAttentionMetadata.query_start_loc"):
+        assert target in patches.DECLARED, target
+
+
+def test_the_read_check_finds_what_this_vllm_lacks():
+    batch = "vllm.v1.worker.gpu_input_batch.InputBatch"
+    absent = [Read(f"{batch}.renamed_array", "a test", "x", "instance"),
+              Read(f"{batch}.req_ids", "a test", "x", "field"),  # a property, not a dataclass field
+              Read("vllm.v1.attention.backend.CommonAttentionMetadata.renamed_field", "a test", "x", "field"),
+              Read("vllm.v1.spec_decode.eagle.EagleProposer.renamed_method", "a test", "x", "class"),
+              Read("vllm.v1.moved_module.Class.attr", "a test", "x", "class")]
+    present = [Read(f"{batch}.token_ids_cpu", "a test", "x", "instance"),
+               Read("vllm.v1.sample.metadata.SamplingMetadata.all_greedy", "a test", "x", "field"),
+               Read("<a target model>.anything", "a test", "x", "documented")]
+    assert patches.missing_reads(absent + present) == absent
+    with pytest.raises(ValueError, match="check 'guess'"):
+        Read(f"{batch}.req_ids", "a test", "x", "guess")
 
 
 def test_file_url_without_allowed_path_maps_to_a_400_naming_the_flag_where_upstream_gave_a_500():

@@ -4,7 +4,9 @@ The paper's parts live in separate places:
   draft model and its text-only window cache:  model.py, window.py, attention.py, drafter.py,
                                                tree_search.py (kernels: vllm_sparrow_kernels)
   training (capture, IVSB, MTP):               training/
-  the vLLM glue:                               proposer.py, patches.py, plugin.py
+  the vLLM glue:                               proposer.py, plugin.py, patches.py (the one table of
+                                               vLLM touches: method_patches.py, vllm_reads.py,
+                                               vllm_fixes.py, through patch_helper.py)
 The demo kit (synthetic world, demo models, benchmark) is the separate package sparrow_world,
 which this one never imports. Importing this package touches neither vLLM nor CUDA.
 """

@@ -1,8 +1,9 @@
 """vLLM general-plugin entry point (group `vllm.general_plugins`, name `sparrow`).
 
 Runs in every vLLM process before configs are built, sparrow or not, so it must never stop
-vLLM from starting: on an unsupported vLLM version it logs one line and registers nothing
-(vLLM then refuses `method: "sparrow"` as an unknown method), and if a patch fails to apply it
+vLLM from starting: on an unsupported vLLM version, or one that lacks an internal Sparrow reads
+(patches.py checks them), it logs one line and registers nothing (vLLM then refuses
+`method: "sparrow"` as an unknown method), and if a patch fails to apply it
 undoes the ones applied, logs why, and leaves vLLM as it was. Idempotent; imports no CUDA.
 
 In a process a `sparrow` command started (vLLM's engine core, its workers) it first ties the

@@ -47,7 +47,7 @@ def _demo(args) -> int:
 def bench_config(args, ablations: dict | None = None):
     """The BenchConfig of parsed `sparrow bench` options; --quick sets only the sizes the command
     line left out (an explicit --batch-sizes, --lengths or --clips is kept)."""
-    from vllm_sparrow.cli_args import from_args
+    from vllm_sparrow.knobs import from_args
 
     from .bench.config import QUICK, BenchConfig, quick
 
@@ -93,7 +93,7 @@ def add_demo(sub) -> None:
 
 
 def add_bench(sub) -> None:
-    from vllm_sparrow.cli_args import add_options
+    from vllm_sparrow.knobs import add_options
 
     from .bench.config import BenchConfig
 

@@ -1,4 +1,4 @@
-"""Every `sparrow` option is generated from its config dataclass (cli_args.py): each field is an
+"""Every `sparrow` option is generated from its config dataclass (knobs.py): each field is an
 option with the field's default, and parsing a bare command gives back the config's defaults."""
 
 import dataclasses
@@ -7,7 +7,7 @@ import pytest
 
 from vllm_sparrow import cli
 from vllm_sparrow.batch_caption import CaptionJob
-from vllm_sparrow.cli_args import from_args
+from vllm_sparrow.knobs import from_args
 from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.training.acceptance import StopCalibration
 from vllm_sparrow.training.capture import CaptureConfig

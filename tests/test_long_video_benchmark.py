@@ -215,7 +215,7 @@ def _bench_config(argv):
 
     from sparrow_world.bench.config import BenchConfig
     from sparrow_world.commands import add_bench
-    from vllm_sparrow.cli_args import from_args
+    from vllm_sparrow.knobs import from_args
 
     parser = argparse.ArgumentParser()
     add_bench(parser.add_subparsers())

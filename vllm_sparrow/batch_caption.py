@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .cli_args import knob
+from .knobs import knob
 from .durable import append_jsonl, read_jsonl
 from .engine_stats import spec_counters
 from .prompts import chat_prompt
@@ -32,7 +32,7 @@ VIDEO_SUFFIXES = (".mp4", ".webm", ".mkv", ".mov", ".avi")
 
 @dataclass
 class CaptionJob:
-    """`sparrow caption`: every option is a field here (cli_args.py)."""
+    """`sparrow caption`: every option is a field here (knobs.py)."""
 
     inputs: str = knob(help="folder of videos, or JSONL of {video, prompt?, id?}")
     out: str = knob(help="output JSONL (appended; rerun the same command to resume)")

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from .cli_args import add_options, from_args
+from .knobs import add_options, from_args
 
 
 def _init_draft(args) -> int:

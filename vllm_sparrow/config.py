@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cli_args import knob, optional_window
+from .knobs import knob, optional_window
 from .durable import atomic_write_text
 
 SPECULATORS_MODEL_TYPE = "sparrow"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from vllm_sparrow.cli_args import knob
+from vllm_sparrow.knobs import knob
 
 METHODS = ("none", "sparrow", "eagle", "eagle3", "ngram")
 PAPER_LENGTHS = (512, 1536, 6144, 17408, 24960)  # visual tokens; ~0.5k, 1.5k, 6k, 17k, 25k
@@ -14,7 +14,7 @@ GRAPHS = ("auto", "on", "off")
 
 @dataclass
 class BenchConfig:
-    """`sparrow bench`: every option is a field here (vllm_sparrow.cli_args)."""
+    """`sparrow bench`: every option is a field here (vllm_sparrow.knobs)."""
 
     target: str = knob("models/world/target", "target model directory")
     sparrow: str = knob("models/world/sparrow", "Sparrow draft directory")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..attention import TorchWindowAttention
-from ..cli_args import knob
+from ..knobs import knob
 from ..draft_step import ChainDrafting
 from ..drafter import SparrowDrafter, StepBatch
 from ..model import OwnTokenIO, SparrowDraftModel
@@ -142,7 +142,7 @@ _WITH_CONFIDENCE = ChainDrafting(confidence=True)  # the chain adaptive length t
 
 @dataclass
 class StopCalibration:
-    """`sparrow calibrate-stop`: every option is a field here (cli_args.py)."""
+    """`sparrow calibrate-stop`: every option is a field here (knobs.py)."""
 
     draft: str = knob(help="Sparrow draft directory")
     capture: str = knob(help="capture of the draft's target; its last --samples samples are used")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ..cli_args import knob
+from ..knobs import knob
 from ..durable import DurableWriteError
 from ..fingerprint import weights_fingerprint
 from .data import BadSample, Sample, load_media, read_samples
@@ -35,7 +35,7 @@ STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 
 @dataclass
 class CaptureConfig:
-    """`sparrow capture`: every option is a field here (cli_args.py)."""
+    """`sparrow capture`: every option is a field here (knobs.py)."""
 
     target: str = knob(help="target model directory (Hugging Face format)")
     data: str = knob(help="JSONL of samples (see vllm_sparrow/training/data.py)")

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import torch
 
-from ..cli_args import knob
+from ..knobs import knob
 from .recipes import recipe_for
 
 
 @dataclass
 class ExportJob:
-    """`sparrow export`: every option is a field here (cli_args.py)."""
+    """`sparrow export`: every option is a field here (knobs.py)."""
 
     run: str = knob(help="run directory of `sparrow train` (its last checkpoint is exported)")
     out: str = knob(help="draft directory to write")

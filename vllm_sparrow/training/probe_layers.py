@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..cli_args import knob
+from ..knobs import knob
 
 
 @dataclass
@@ -35,7 +35,7 @@ class LayerProbe:
 
 @dataclass
 class ProbeJob:
-    """`sparrow probe-layers`: every option is a field here (cli_args.py)."""
+    """`sparrow probe-layers`: every option is a field here (knobs.py)."""
 
     target: str = knob(help="target model directory (Hugging Face format)")
     data: str = knob(help="JSONL of samples, as for `sparrow capture`")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..cli_args import knob, optional_window
+from ..knobs import knob, optional_window
 from ..config import MAX_SPECULATIVE_TOKENS, SparrowConfig
 from ..durable import append_jsonl, atomic_torch_save, atomic_write_json, atomic_write_text, read_jsonl
 from .acceptance import AcceptanceEstimate
@@ -35,7 +35,7 @@ log = logging.getLogger("vllm_sparrow.train")
 
 @dataclass
 class TrainConfig:
-    """`sparrow train`: every option is a field here (cli_args.py)."""
+    """`sparrow train`: every option is a field here (knobs.py)."""
 
     capture: str = knob(help="capture directory (sparrow capture)")
     out: str = knob(help="run directory; the draft lands in OUT/draft (rerun to resume)")

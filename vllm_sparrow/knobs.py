@@ -1,4 +1,4 @@
-"""Command-line options generated from config dataclasses.
+"""Knobs: config dataclass fields with their help, and the command-line options derived from them.
 
 A config field is the single source of its knob: its default, its help (`knob(help=...)`), and
 optionally its flag and parser. `add_options` turns the fields into argparse options and

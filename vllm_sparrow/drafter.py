@@ -213,16 +213,16 @@ class SparrowDrafter:
         token's row); seq_start [B]; next_token [B].
         Worked example, L = 4: request b's rows x9 d1 d2 d3 with d1 accepted (nv = 2), next
         token x11 (the target's correction after d1 = x10), 9 entries committed before: entries
-        (h9, x10) (h10, x11) get text indices 9 10; rows u >= 2 are padding.
+        (h9, x10) (h10, x11) get text indices 9 10; rows 2 and 3 are padding.
         """
         B, L = tok.shape
-        st = self.state[slots]  # [B, 3]
-        fresh = st[:, SEEN] != seq_start  # a request the drafter lost track of: restart
-        c0 = torch.where(fresh, 0, st[:, COMMITTED])  # [B]
-        u = self._iota[:L]  # [L]
-        nv_ = nv[:, None]  # [B, 1]
-        following = torch.where(u + 1 < nv_, tok.roll(-1, 1), next_token[:, None])  # [B, L]
-        wb = WindowBatch(slots, c0[:, None] + u, u < nv_, c0, rows)
+        slot_state = self.state[slots]  # [B, 3]
+        fresh = slot_state[:, SEEN] != seq_start  # a request the drafter lost track of: restart
+        c0 = torch.where(fresh, 0, slot_state[:, COMMITTED])  # [B]
+        row = self._iota[:L]  # [L] row within a request's layout
+        accepted_rows = nv[:, None]  # [B, 1]
+        following = torch.where(row + 1 < accepted_rows, tok.roll(-1, 1), next_token[:, None])  # [B, L]
+        wb = WindowBatch(slots, c0[:, None] + row, row < accepted_rows, c0, rows)
         ctx = []
 
         def attention(q, k, v):
@@ -288,10 +288,10 @@ class SparrowDrafter:
         B = len(batch.req_ids)
         slots, row_req, row_off, step_starts, cu, cu_dev, prow_req, prow_off = self._packed_layout(batch, slot_list)
         N = int(cu[-1])
-        st = self.state[slots]  # [B, 3]
-        fresh = st[:, SEEN] != batch.seq_start  # new, preempted or prefix-cached: restart
-        c0 = torch.where(fresh, 0, st[:, COMMITTED])  # [B]
-        hp = (st[:, HAS_PENDING] > 0) & ~fresh  # [B]
+        slot_state = self.state[slots]  # [B, 3]
+        fresh = slot_state[:, SEEN] != batch.seq_start  # new, preempted or prefix-cached: restart
+        c0 = torch.where(fresh, 0, slot_state[:, COMMITTED])  # [B]
+        hp = (slot_state[:, HAS_PENDING] > 0) & ~fresh  # [B] has a pending state
 
         toks = batch.token_ids  # [T]
         seq = batch.seq_start[row_req] + row_off

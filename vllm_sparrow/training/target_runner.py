@@ -1,8 +1,9 @@
 """The target video LLM in transformers, as capture needs it: encode, answer, hidden states.
 
 Final hidden states are the language model's `last_hidden_state` (after its final norm): the
-tensor vLLM hands the proposer at serve time (tests/test_capture_matches_vllm_hidden_states.py
-pins this). Intermediate states are `hidden_states[L]`, the output of decoder layer L.
+tensor vLLM hands the proposer at serve time (test_captured_hidden_states_are_what_vllm_hands_the_proposer
+in tests/test_training_pipeline_end_to_end.py pins this). Intermediate states are
+`hidden_states[L]`, the output of decoder layer L.
 """
 
 from __future__ import annotations

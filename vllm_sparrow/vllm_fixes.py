@@ -53,7 +53,7 @@ def _patch_cpu_expand_kernel() -> None:
     # Upstream's register_triton_kernel_overrides reads this attribute when a worker starts,
     # which is after the plugin loads, so the fixed version is the one registered.
     replace_attr("cpu-expand-kernel-dtype", cpu_triton_utils, "_expand_kernel_impl",
-           lambda _original: expand_batch_values)
+                 lambda _original: expand_batch_values)
 
 
 def expand_batch_values(output, input_val, cu_num_tokens, replace_from, replace_to,

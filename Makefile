@@ -23,11 +23,12 @@ RUN_ENV = export VLLM_CPU_KVCACHE_SPACE='$(VLLM_CPU_KVCACHE_SPACE)' HF_HUB_OFFLI
 		export LD_PRELOAD="$$iomp$${LD_PRELOAD:+:$$LD_PRELOAD}"; \
 	fi;
 
-.PHONY: help setup test demo clean-venv
+.PHONY: help setup test test-fast demo clean-venv
 
 help:
 	@echo "make setup       create/update .venv (tools/setup_env.sh; a no-op when up to date)"
 	@echo "make test        setup, then pytest -x -q tests   (TESTS=tests/x.py, PYTEST_ARGS='...')"
+	@echo "make test-fast   setup, then the fast kind only (torch and the package, under a minute; tests/kinds.py)"
 	@echo "make demo        setup, then python -m vllm_sparrow.cli demo   (DEMO_ARGS='...')"
 	@echo "make clean-venv  remove .venv"
 
@@ -36,6 +37,9 @@ setup:
 
 test: setup
 	$(RUN_ENV) $(PY) -m pytest -x -q $(TESTS) $(PYTEST_ARGS)
+
+test-fast: setup
+	$(RUN_ENV) $(PY) -m pytest -x -q -m fast $(TESTS) $(PYTEST_ARGS)
 
 demo: setup
 	$(RUN_ENV) $(PY) -m vllm_sparrow.cli demo $(DEMO_ARGS)

@@ -24,8 +24,26 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
+from kinds import HELP, KINDS
 
 from sparrow_world.tiny_targets import build_tiny_target, make_prompt
+
+def pytest_configure(config):
+    for kind, text in HELP.items():
+        config.addinivalue_line("markers", f"{kind}: {text}")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test gets its file's kind (tests/kinds.py); a file without one, or a kind listed for a
+    file that is gone, stops the run."""
+    here = Path(__file__).parent
+    unlisted = sorted({item.path.stem for item in items if item.path.stem not in KINDS})
+    stale = sorted(name for name in KINDS if not (here / f"{name}.py").exists())
+    if unlisted or stale:
+        raise pytest.UsageError(f"tests/kinds.py: list {unlisted} with their kind; drop {stale}")
+    for item in items:
+        item.add_marker(getattr(pytest.mark, KINDS[item.path.stem]))
+
 
 # Prompts the quick drafts are distilled on (so text requests accept drafts).
 TRAINED_TEXTS = ["describe the red square moving left", "what happens after the blue circle appears"]

@@ -1,0 +1,84 @@
+"""Each test file's kind, a pytest marker (`pytest -m fast`, `make test-fast`):
+
+  fast    torch and the package only (no engine, no training fixture): the whole kind runs in
+          well under a minute, the loop to run while editing the draft core
+  engine  vLLM engines in process, trained tiny drafts, CLI subprocesses, training runs
+  server  `vllm serve` (or the example server) over HTTP
+  demo    the shipped demo models: their benchmark, demo, README examples and training commands
+
+conftest.py marks every test with its file's kind and refuses a test file that is not listed
+here, so a new file is classified when it is added.
+"""
+
+KINDS = {
+    # fast
+    "test_cli_options_come_from_configs": "fast",
+    "test_cpu_expand_kernel_fix": "fast",
+    "test_documented_commands_parse": "fast",
+    "test_draft_cache_matches_dense_reference": "fast",
+    "test_environment_is_read_in_one_place": "fast",
+    "test_modules_meet_through_public_interfaces": "fast",
+    "test_mtp_stages_replay_inference": "fast",
+    "test_product_never_imports_the_kit": "fast",
+    "test_published_numbers_come_from_their_files": "fast",
+    "test_serving_layer_matches_training_model": "fast",
+    "test_target_training_labels_follow_the_frames": "fast",
+    "test_tree_replay_measures_chains_and_trees": "fast",
+    "test_tree_search_drafts_best_path": "fast",
+    "test_vllm_patches_are_declared": "fast",
+    "test_window_rule_matches_written_out_masks": "fast",
+    "test_world_captions_follow_the_frames": "fast",
+    # engine
+    "test_async_scheduling_allowed_for_sparrow": "engine",
+    "test_bad_speculative_config_fails_at_startup": "engine",
+    "test_batch_captioning_resumes_and_keeps_errors": "engine",
+    "test_capture_skips_bad_samples_and_resumes": "engine",
+    "test_cuda_graphs_and_bf16_are_lossless": "engine",
+    "test_demo_build_redoes_work_of_old_target": "engine",
+    "test_draft_graph_buckets_draft_like_eager": "engine",
+    "test_draft_slots_freed_after_aborts_and_preemption": "engine",
+    "test_draft_step_cost_does_not_grow_with_batch": "engine",
+    "test_durable_writes_survive_kill_9": "engine",
+    "test_eagle3_baseline_serves_in_vllm": "engine",
+    "test_eagle_baseline_trains_and_serves": "engine",
+    "test_engine_shutdown_frees_the_target": "engine",
+    "test_engines_die_with_their_command": "engine",
+    "test_greedy_lossless_per_target": "engine",
+    "test_ivsb_dropout": "engine",
+    "test_kernel_benchmark_runs": "engine",
+    "test_lossless_sampling_matrix": "engine",
+    "test_lossless_with_chunked_prefill_and_prefix_hits": "engine",
+    "test_mixed_step_benchmark": "engine",
+    "test_mixed_steps_run_on_packed_rows": "engine",
+    "test_plugin_installs_into_an_existing_vllm": "engine",
+    "test_probe_layers_suggests_ivsb_layer": "engine",
+    "test_pyav_video_codec_in_vllm": "engine",
+    "test_reduced_draft_vocabulary": "engine",
+    "test_sampling_distribution_matches_target": "engine",
+    "test_setup_checks_the_gpu": "engine",
+    "test_train_resume_is_exact": "engine",
+    "test_trained_draft_recommends_the_depth_it_measured": "engine",
+    "test_training_pipeline_end_to_end": "engine",
+    "test_triton_window_attention_matches_torch": "engine",
+    # server
+    "test_example_server_answers_about_the_longest_clip": "server",
+    "test_local_media_without_allowed_path_gets_a_400": "server",
+    "test_openai_server_with_sparrow": "server",
+    "test_plugin_never_stops_vllm": "server",
+    "test_readme_shell_examples_run_as_written": "server",
+    "test_video_decoding_is_bounded": "server",
+    # demo
+    "test_deep_drafts_are_lossless": "demo",
+    "test_demo_models_caption_and_accept": "demo",
+    "test_long_video_benchmark": "demo",
+    "test_readme_offline_example_runs_as_written": "demo",
+    "test_tensor_parallel_is_lossless": "demo",
+    "test_training_commands_run_as_written": "demo",
+}
+
+HELP = {
+    "fast": "torch and the package only, seconds (make test-fast)",
+    "engine": "vLLM engines in process, trained tiny drafts, CLI subprocesses",
+    "server": "vllm serve over HTTP",
+    "demo": "the shipped demo models: bench, demo, README examples",
+}

@@ -285,7 +285,6 @@ class SparrowDrafter:
         Had request 1's prompt continued (mid-prefill), x5 would be unknown: h4 would stay
         pending and only 2 entries would be committed.
         """
-        B = len(batch.req_ids)
         slots, row_req, row_off, step_starts, cu, cu_dev, prow_req, prow_off = self._packed_layout(batch, slot_list)
         N = int(cu[-1])
         slot_state = self.state[slots]  # [B, 3]

@@ -50,25 +50,25 @@ def _verify(est: AcceptanceEstimate, drafts: list[int], tokens, greedy, c: int) 
 
 
 @torch.no_grad()
-def estimate_acceptance(draft: SparrowDraftModel, io, samples, k: int) -> AcceptanceEstimate:
+def estimate_acceptance(draft: SparrowDraftModel, target, samples, k: int) -> AcceptanceEstimate:
     """samples: iterable of captured samples (dicts from ShardReader)."""
     was_training = draft.training
     draft.eval()
     est = AcceptanceEstimate(0, 0, [0] * k)
     for sample in samples:
-        _replay(draft, io, sample, k, est)
+        _replay(draft, target, sample, k, est)
     draft.train(was_training)
     return est
 
 
-def _replay(draft, io, sample, k: int, est: AcceptanceEstimate) -> None:
+def _replay(draft, target, sample, k: int, est: AcceptanceEstimate) -> None:
     is_visual = sample["is_visual"]
     tokens = sample["token_ids"][~is_visual]  # [m] text stream
     hidden = sample["text_hidden"].float()  # [m, H]
     p = int((~is_visual[: int(sample["prompt_len"])]).sum())  # prompt text tokens
     m = tokens.shape[0]
-    greedy = io.logits(hidden).argmax(-1)  # [m] target's choice for the token after each
-    drafter = SparrowDrafter(draft, OwnTokenIO(draft, io), (), TorchWindowAttention(),
+    greedy = target.logits(hidden).argmax(-1)  # [m] target's choice for the token after each
+    drafter = SparrowDrafter(draft, OwnTokenIO(draft, target), (), TorchWindowAttention(),
                              hidden.device, hidden.dtype, max_requests=1, max_draft_tokens=k,
                              max_text_tokens=m + k + 1)
     lo, c = 0, p  # rows to feed start at lo; c = index of the newest verified token
@@ -82,7 +82,7 @@ def _replay(draft, io, sample, k: int, est: AcceptanceEstimate) -> None:
 
 
 @torch.no_grad()
-def estimate_acceptance_full_stream(draft, io, samples, k: int) -> AcceptanceEstimate:
+def estimate_acceptance_full_stream(draft, target, samples, k: int) -> AcceptanceEstimate:
     """The same replay for the EAGLE-style baseline, which reads every position.
 
     Uses the MTP stages with teacher forcing: stage s at entry c-1+s is the draft's (s+1)-th
@@ -98,10 +98,10 @@ def estimate_acceptance_full_stream(draft, io, samples, k: int) -> AcceptanceEst
     for sample in samples:
         tokens, hidden, positions = full_stream(sample)
         m = tokens.shape[0]
-        stages = unrolled_stages(draft, io, tokens, hidden, torch.zeros(m - 2, dtype=torch.bool), k - 1, 0.0,
+        stages = unrolled_stages(draft, target, tokens, hidden, torch.zeros(m - 2, dtype=torch.bool), k - 1, 0.0,
                                  return_outputs=True, rope_positions=positions)
-        proposals = [io.logits(s.outputs).argmax(-1) for s in stages]  # k x [m-2]
-        greedy = io.logits(hidden).argmax(-1)  # [m]
+        proposals = [target.logits(s.outputs).argmax(-1) for s in stages]  # k x [m-2]
+        greedy = target.logits(hidden).argmax(-1)  # [m]
         c = int(sample["prompt_len"])  # first response token: sampled after the prefill
         while c + k < m:
             c += _verify(est, [int(proposals[i][c - 1 + i]) for i in range(k)], tokens, greedy, c) + 1
@@ -153,7 +153,7 @@ class StopCalibration:
 
 
 @torch.no_grad()
-def calibrate_stop_confidence(draft: SparrowDraftModel, io, samples, k: int, verify_token_cost: float,
+def calibrate_stop_confidence(draft: SparrowDraftModel, target, samples, k: int, verify_token_cost: float,
                               thresholds=THRESHOLDS) -> tuple[float | None, dict]:
     """Pick the adaptive-length threshold on held-out samples (serving drafter, vLLM's verify walk).
 
@@ -170,8 +170,8 @@ def calibrate_stop_confidence(draft: SparrowDraftModel, io, samples, k: int, ver
         is_visual = sample["is_visual"]
         tokens, hidden = sample["token_ids"][~is_visual], sample["text_hidden"].float()
         p, m = int((~is_visual[: int(sample["prompt_len"])]).sum()), tokens.shape[0]
-        greedy = io.logits(hidden).argmax(-1)
-        drafter = SparrowDrafter(draft, OwnTokenIO(draft, io), (), TorchWindowAttention(), hidden.device,
+        greedy = target.logits(hidden).argmax(-1)
+        drafter = SparrowDrafter(draft, OwnTokenIO(draft, target), (), TorchWindowAttention(), hidden.device,
                                  hidden.dtype, max_requests=1, max_draft_tokens=k, max_text_tokens=m + k + 1)
         lo, c = 0, p
         while c + k < m:

@@ -28,10 +28,10 @@ class Recipe(Protocol):
 
     def load(self, path: Path, cfg) -> torch.nn.Module: ...
 
-    def stages(self, cfg, draft, io, bridge, sample, gen, show_visual: bool) -> list[StageResult]:
+    def stages(self, cfg, draft, target, bridge, sample, gen, show_visual: bool) -> list[StageResult]:
         """The loss terms of one captured sample (stage 0, then the chained stages)."""
 
-    def validate(self, cfg, draft, io, samples) -> AcceptanceEstimate: ...
+    def validate(self, cfg, draft, target, samples) -> AcceptanceEstimate: ...
 
     def save(self, draft, out_dir: Path, cfg) -> Path:
         """Export the draft in the format vLLM serves it in."""
@@ -62,7 +62,7 @@ class SparrowRecipe:
             draft.cfg.speculative_tokens = cfg.speculative_tokens
         return draft
 
-    def stages(self, cfg, draft, io, bridge, sample, gen, show_visual):
+    def stages(self, cfg, draft, target, bridge, sample, gen, show_visual):
         from .ivsb import visual_inputs
 
         is_visual = sample["is_visual"]
@@ -72,10 +72,10 @@ class SparrowRecipe:
         prompt_text = int((~is_visual[: int(sample["prompt_len"])]).sum())
         scored = _scored(cfg, tokens.shape[0] - 2, prompt_text, dev)
         visual = visual_inputs(cfg, draft, bridge, sample, gen, show_visual)
-        return unrolled_stages(draft, io, tokens, hidden, scored, cfg.mtp_steps, cfg.hidden_loss_weight, visual)
+        return unrolled_stages(draft, target, tokens, hidden, scored, cfg.mtp_steps, cfg.hidden_loss_weight, visual)
 
-    def validate(self, cfg, draft, io, samples):
-        return estimate_acceptance(draft, io, samples, replay_depth(cfg.speculative_tokens))
+    def validate(self, cfg, draft, target, samples):
+        return estimate_acceptance(draft, target, samples, replay_depth(cfg.speculative_tokens))
 
     def save(self, draft, out_dir, cfg):
         from ..checkpoint import save_draft
@@ -99,18 +99,18 @@ class EagleRecipe:
 
         return EagleBaselineDraft.load(path).to(cfg.device)
 
-    def stages(self, cfg, draft, io, bridge, sample, gen, show_visual):
+    def stages(self, cfg, draft, target, bridge, sample, gen, show_visual):
         """Every position (visual ones included) at its vLLM rotary position."""
         from .eagle_baseline import full_stream
 
         dev = next(draft.parameters()).device
         tokens, hidden, positions = full_stream(sample)  # [n], [n, H], [n]
         scored = _scored(cfg, tokens.shape[0] - 2, int(sample["prompt_len"]), dev)
-        return unrolled_stages(draft, io, tokens.to(dev), hidden.to(dev), scored, cfg.mtp_steps,
+        return unrolled_stages(draft, target, tokens.to(dev), hidden.to(dev), scored, cfg.mtp_steps,
                                cfg.hidden_loss_weight, rope_positions=positions.to(dev))
 
-    def validate(self, cfg, draft, io, samples):
-        return estimate_acceptance_full_stream(draft, io, samples, replay_depth(cfg.speculative_tokens))
+    def validate(self, cfg, draft, target, samples):
+        return estimate_acceptance_full_stream(draft, target, samples, replay_depth(cfg.speculative_tokens))
 
     def save(self, draft, out_dir, cfg):
         return draft.save(out_dir)
@@ -119,11 +119,11 @@ class EagleRecipe:
 class _Eagle3TokenIO:
     """The target's embedding, the EAGLE-3 draft's own LM head."""
 
-    def __init__(self, draft, io) -> None:
-        self.draft, self.io = draft, io
+    def __init__(self, draft, target) -> None:
+        self.draft, self.target = draft, target
 
     def embed(self, ids):
-        return self.io.embed(ids)
+        return self.target.embed(ids)
 
     def logits(self, y):
         return self.draft.logits(y)
@@ -156,19 +156,19 @@ class Eagle3Recipe:
         positions = sample["positions"] if "positions" in sample else torch.arange(n)
         return sample["token_ids"].to(dev), positions.to(dev), sample["aux_hidden"].to(dev, torch.float32)
 
-    def stages(self, cfg, draft, io, bridge, sample, gen, show_visual):
+    def stages(self, cfg, draft, target, bridge, sample, gen, show_visual):
         """Training-time test: stage 0 reads the fused target states, stage s the draft's own
         outputs of stage s - 1 (what serving feeds back), no state regression."""
         dev = next(draft.parameters()).device
         tokens, positions, aux = self._stream(sample, dev)
         scored = _scored(cfg, tokens.shape[0] - 2, int(sample["prompt_len"]), dev)
-        return unrolled_stages(draft, _Eagle3TokenIO(draft, io), tokens, draft.fuse(aux), scored,
+        return unrolled_stages(draft, _Eagle3TokenIO(draft, target), tokens, draft.fuse(aux), scored,
                                cfg.mtp_steps, 0.0, rope_positions=positions)
 
-    def validate(self, cfg, draft, io, samples):
+    def validate(self, cfg, draft, target, samples):
         from .acceptance import estimate_acceptance_eagle3
 
-        return estimate_acceptance_eagle3(draft, _Eagle3TokenIO(draft, io), io, samples,
+        return estimate_acceptance_eagle3(draft, _Eagle3TokenIO(draft, target), target, samples,
                                           replay_depth(cfg.speculative_tokens), self._stream)
 
     def save(self, draft, out_dir, cfg):

@@ -100,16 +100,16 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     train_idx = list(range(len(reader) - cfg.holdout))
     val_idx = list(range(len(reader) - cfg.holdout, len(reader)))
     target_dir = reader.manifest.settings["target"]
-    draft, io, bridge = _build(cfg, target_dir, out, rank, world)
+    draft, target, bridge = _build(cfg, target_dir, out, rank, world)
     params = [p for n, p in draft.named_parameters() if not n.startswith(("embed_tokens", "lm_head"))]
     params += list(bridge.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     state = _resume(out, draft, bridge, opt)
-    return _loop(cfg, out, reader, train_idx, val_idx, draft, io, bridge, opt, state, rank, world,
+    return _loop(cfg, out, reader, train_idx, val_idx, draft, target, bridge, opt, state, rank, world,
                  progress)
 
 
-def _loop(cfg, out, reader, train_idx, val_idx, draft, io, bridge, opt, state, rank, world,
+def _loop(cfg, out, reader, train_idx, val_idx, draft, target, bridge, opt, state, rank, world,
           progress) -> TrainResult:
     from tqdm import tqdm
 
@@ -132,7 +132,7 @@ def _loop(cfg, out, reader, train_idx, val_idx, draft, io, bridge, opt, state, r
             sample = _load(reader, index)
             if sample is None:
                 continue
-            stages = recipe_for(cfg.draft_kind).stages(cfg, draft, io, bridge, sample, gen,
+            stages = recipe_for(cfg.draft_kind).stages(cfg, draft, target, bridge, sample, gen,
                                                        visual_shown(cfg, step, index))
             loss = sum((cfg.mtp_weight ** s) * r.loss for s, r in enumerate(stages)) / cfg.batch_samples
             loss.backward()
@@ -153,7 +153,7 @@ def _loop(cfg, out, reader, train_idx, val_idx, draft, io, bridge, opt, state, r
                 "step": step, "draft": draft.state_dict(), "bridge": bridge.state_dict(),
                 "opt": opt.state_dict(), "generator": gen.get_state(), "order": order})
         if cfg.val_every and step % cfg.val_every == 0 and step < cfg.steps and rank == 0:
-            _validate(cfg, out, reader, val_idx, draft, io, step)
+            _validate(cfg, out, reader, val_idx, draft, target, step)
         bar.update(1)
     bar.close()
     draft_dir = out / "draft"
@@ -161,7 +161,7 @@ def _loop(cfg, out, reader, train_idx, val_idx, draft, io, bridge, opt, state, r
     if rank == 0:  # export first: a validation that fails (a damaged shard) must not cost the draft
         recipe_for(cfg.draft_kind).save(draft, draft_dir, cfg)
         try:
-            acceptance = _validate(cfg, out, reader, val_idx, draft, io, step)
+            acceptance = _validate(cfg, out, reader, val_idx, draft, target, step)
             depth = _record_depth(cfg, out, draft_dir, acceptance, step)
         except Exception as e:  # noqa: BLE001 - the exported draft stands whatever validation does
             log.warning("final validation failed (%s); the draft was exported to %s", e, draft_dir)
@@ -206,9 +206,9 @@ def _load(reader, pos: int) -> dict | None:
     return sample
 
 
-def _validate(cfg, out, reader, val_idx, draft, io, step) -> AcceptanceEstimate:
+def _validate(cfg, out, reader, val_idx, draft, target, step) -> AcceptanceEstimate:
     samples = (s for s in (_load(reader, i) for i in val_idx) if s is not None)  # a damaged shard skips its samples
-    est = recipe_for(cfg.draft_kind).validate(cfg, draft, io, samples)
+    est = recipe_for(cfg.draft_kind).validate(cfg, draft, target, samples)
     _log(out, 0, {"step": step, "val_mean_acceptance_length": est.mean_acceptance_length,
                   "val_drafts": est.drafts, "val_per_position": est.per_position})
     log.info("step %d: simulated mean acceptance length %.3f over %d drafts", step,

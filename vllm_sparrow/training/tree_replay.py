@@ -63,18 +63,18 @@ class _Keys:
 
 
 @torch.no_grad()
-def replay_trees(draft: SparrowDraftModel, io, samples, max_depth: int = 8, topk: int = 4,
+def replay_trees(draft: SparrowDraftModel, target, samples, max_depth: int = 8, topk: int = 4,
                  tree_nodes: tuple[int, ...] = (2, 4, 8, 16, 32)) -> TreeReplay:
-    """samples: captured samples (ShardReader items); io: the target's embed/logits."""
+    """samples: captured samples (ShardReader items); target: the target (its embed and logits)."""
     draft.eval()
     out = TreeReplay(chain={d: 0 for d in range(1, max_depth + 1)}, search={d: 0 for d in range(1, max_depth + 1)},
                      tree={n: 0 for n in tree_nodes})
     for sample in samples:
-        _replay_sample(draft, io, sample, max_depth, topk, tree_nodes, out)
+        _replay_sample(draft, target, sample, max_depth, topk, tree_nodes, out)
     return out
 
 
-def _replay_sample(draft, io, sample, max_depth, topk, tree_nodes, out: TreeReplay) -> None:
+def _replay_sample(draft, target, sample, max_depth, topk, tree_nodes, out: TreeReplay) -> None:
     cfg = draft.cfg
     spec = WindowSpec(cfg.anchor_tokens, cfg.window_tokens)
     is_visual = sample["is_visual"]
@@ -82,11 +82,11 @@ def _replay_sample(draft, io, sample, max_depth, topk, tree_nodes, out: TreeRepl
     hidden = sample["text_hidden"].float()  # [m, H]
     p = int((~is_visual[: int(sample["prompt_len"])]).sum())  # prompt text tokens
     m = tokens.shape[0]
-    greedy = io.logits(hidden).argmax(-1)  # [m] the target's choice after each token
+    greedy = target.logits(hidden).argmax(-1)  # [m] the target's choice after each token
     # Every committed entry at once: entry j = (h_j, x_{j+1}) at text index j; causal + window,
     # so the pass over entries 0..c-1 is this pass's prefix.
     keys = _Keys(spec)
-    y = draft(hidden[: m - 1], io.embed(tokens[1:m]), torch.arange(m - 1), keys.dense(m - 1))  # [m-1, H]
+    y = draft(hidden[: m - 1], target.embed(tokens[1:m]), torch.arange(m - 1), keys.dense(m - 1))  # [m-1, H]
     kc, vc = keys.k, keys.v  # [m-1, kv, D]
     for c in range(p, m - max_depth - 1):
         truth = tokens[c + 1 : c + 1 + max_depth].tolist()
@@ -94,10 +94,10 @@ def _replay_sample(draft, io, sample, max_depth, topk, tree_nodes, out: TreeRepl
             continue  # the stored response left the target's greedy path (a dataset answer)
         out.points += 1
         root = y[c - 1]  # predicts x_c's state; its logits draft x_{c+1}
-        chain = _greedy_chain(draft, io, spec, kc[:c], vc[:c], root, c, max_depth)
+        chain = _greedy_chain(draft, target, spec, kc[:c], vc[:c], root, c, max_depth)
         for d in range(1, max_depth + 1):
             out.chain[d] += _matched(chain[:d], truth)
-        nodes = _search(draft, io, spec, kc[:c], vc[:c], root, c, max_depth, topk)
+        nodes = _search(draft, target, spec, kc[:c], vc[:c], root, c, max_depth, topk)
         for d in range(1, max_depth + 1):
             at_d = [nd for nd in nodes if len(nd[1]) == d]
             best = max(at_d, key=lambda nd: nd[0])[1] if at_d else []
@@ -117,7 +117,7 @@ def _matched(proposal: list[int], truth: list[int]) -> int:
     return n
 
 
-def _step(draft, io, spec: WindowSpec, kc, vc, parents: torch.Tensor, toks: torch.Tensor, anc_k, anc_v, c: int):
+def _step(draft, target, spec: WindowSpec, kc, vc, parents: torch.Tensor, toks: torch.Tensor, anc_k, anc_v, c: int):
     """One chained entry for each of R nodes: (parent state [R, H], its token [R]) at text index
     c + d - 1, attending to the committed keys kc/vc [c, kv, D] and its ancestors' [R, d-1, kv, D].
     Returns (states [R, H], own keys [R, kv, D], own values)."""
@@ -139,25 +139,25 @@ def _step(draft, io, spec: WindowSpec, kc, vc, parents: torch.Tensor, toks: torc
                                            attn_mask=visible[None, None, None])  # [R, heads, 1, D]
         return o[:, :, 0]
 
-    states = draft(parents, io.embed(toks), torch.full((R,), q_pos), attend)
+    states = draft(parents, target.embed(toks), torch.full((R,), q_pos), attend)
     return states, own["k"], own["v"]
 
 
-def _greedy_chain(draft, io, spec, kc, vc, root, c: int, depth: int) -> list[int]:
+def _greedy_chain(draft, target, spec, kc, vc, root, c: int, depth: int) -> list[int]:
     kv, dh = kc.shape[1], kc.shape[2]
     anc_k = anc_v = kc.new_zeros(1, 0, kv, dh)
     state, chain = root[None], []
     for _ in range(depth):
-        tok = io.logits(state).argmax(-1)  # [1]
+        tok = target.logits(state).argmax(-1)  # [1]
         chain.append(int(tok))
         if len(chain) == depth:
             break
-        state, k, v = _step(draft, io, spec, kc, vc, state, tok, anc_k, anc_v, c)
+        state, k, v = _step(draft, target, spec, kc, vc, state, tok, anc_k, anc_v, c)
         anc_k, anc_v = torch.cat([anc_k, k[:, None]], 1), torch.cat([anc_v, v[:, None]], 1)
     return chain
 
 
-def _search(draft, io, spec, kc, vc, root, c: int, depth: int, topk: int) -> list[tuple[float, list[int]]]:
+def _search(draft, target, spec, kc, vc, root, c: int, depth: int, topk: int) -> list[tuple[float, list[int]]]:
     """EAGLE-2-style search. Returns every generated node as (cumulative log-prob, path)."""
     kv, dh = kc.shape[1], kc.shape[2]
     nodes: list[tuple[float, list[int]]] = []
@@ -165,7 +165,7 @@ def _search(draft, io, spec, kc, vc, root, c: int, depth: int, topk: int) -> lis
     states, paths, scores = root[None], [[]], torch.zeros(1)
     anc_k = anc_v = kc.new_zeros(1, 0, kv, dh)
     for level in range(depth):
-        logp = io.logits(states).log_softmax(-1)  # [F, vocab]
+        logp = target.logits(states).log_softmax(-1)  # [F, vocab]
         top_lp, top_tok = logp.topk(topk, -1)  # [F, topk]
         cand = (scores[:, None] + top_lp).flatten()  # [F * topk]
         for i in range(cand.shape[0]):
@@ -175,7 +175,7 @@ def _search(draft, io, spec, kc, vc, root, c: int, depth: int, topk: int) -> lis
         keep = cand.topk(min(topk, cand.shape[0])).indices  # the best nodes expand next
         parent = keep // topk
         toks = top_tok.flatten()[keep]
-        states, k, v = _step(draft, io, spec, kc, vc, states[parent], toks, anc_k[parent], anc_v[parent], c)
+        states, k, v = _step(draft, target, spec, kc, vc, states[parent], toks, anc_k[parent], anc_v[parent], c)
         anc_k = torch.cat([anc_k[parent], k[:, None]], 1)
         anc_v = torch.cat([anc_v[parent], v[:, None]], 1)
         paths = [paths[int(pi)] + [int(t)] for pi, t in zip(parent, toks)]

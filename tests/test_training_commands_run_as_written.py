@@ -11,8 +11,8 @@ than for a user), run in a fresh folder holding a data.jsonl of the bundled clip
   (`--eagle-baseline`, `--eagle3`), the other optional parts dropped; train (optional parts
   dropped); the export in the comment under it; `train --draft-kind eagle` and `eagle3`: their
   drafts are where the documented speculative configs point. Its probe-layers line is README's
-  (asserted equal), which the README test runs. Each option of a dropped optional part is only
-  parsed, by `sparrow`'s own parser, on the command it belongs to (a renamed option fails here).
+  (asserted equal), which the README test runs. The options of the dropped optional parts are
+  parsed, with every other documented command, by test_documented_commands_parse.py.
 
 `--steps 20000` is the real recipe; it runs as 20 steps (this checks the commands, not
 convergence), and the baseline lines, which train the default 1,000 steps, get `--steps 20` too.
@@ -26,12 +26,10 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 from conftest import DEMO_MODELS
 from transformers import AutoConfig
 
 from vllm_sparrow.checkpoint import is_sparrow_draft, validate_draft_for_target
-from vllm_sparrow.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 VIDEOS = ROOT / "examples" / "videos"
@@ -86,15 +84,6 @@ def _argv(line: str) -> list[str]:
     argv = shlex.split(line, comments=True)
     assert argv[0] == "sparrow" and not any("[" in a or "]" in a for a in argv), line  # optional parts dealt with
     return [sys.executable, "-m", "vllm_sparrow.cli", *argv[1:]]  # the venv's `sparrow`
-
-
-def _parses(argv: list[str]) -> None:
-    """`sparrow ARGV` is accepted by the command's parser (argparse exits on a wrong option)."""
-    argv = ["1" if a == "L" else a for a in argv]  # L: the doc's layer placeholder
-    try:
-        build_parser().parse_args(argv)
-    except SystemExit:
-        pytest.fail(f"`sparrow {shlex.join(argv)}` does not parse")
 
 
 def _run(argv: list[str], cwd: Path) -> str:
@@ -156,8 +145,6 @@ def test_training_docs_commands_train_a_sparrow_draft_and_both_baselines(tmp_pat
     capture, dropped = _drop_optional(_replace(_one(commands, "capture"), {"TARGET": TARGET}),
                                       keep=tuple(needed.values()))
     assert ["--ivsb-layer", "L"] in dropped, dropped
-    for option in dropped:
-        _parses([*_argv(capture)[3:], *option])
     out = _run(_argv(capture), tmp_path)
     assert f"cap/: kept {rows} samples; skipped: none" in out, out
     assert "next: sparrow train --capture cap/ --out RUN" in out, out
@@ -165,8 +152,6 @@ def test_training_docs_commands_train_a_sparrow_draft_and_both_baselines(tmp_pat
     train, dropped = _drop_optional(_replace(_one(commands, "train", "--capture"),
                                              {"--steps 20000": f"--steps {STEPS}"}))
     assert ["--visual-drop", "0.5"] in dropped, dropped
-    for option in dropped:
-        _parses([*_argv(train)[3:], *option])
     out = _run(_argv(train), tmp_path)
     assert f"trained {STEPS} steps" in out, out
     assert "draft exported to run/draft\nnext: serve it with vllm serve TARGET" in out, out

@@ -50,12 +50,13 @@ def test_training_without_k_records_the_depth_its_replay_measured(small_capture,
     assert SparrowConfig.load(result.draft_dir).speculative_tokens == expected.depth
     logged = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert logged[-1]["recommended_depth"] == expected.depth
-    # costlier steps on another machine: the same replay gives a depth no deeper (here 1)
-    costly = train(_cfg(small_capture, tmp_path / "costly", draft_step_cost=5.0), progress=False)
-    assert costly.acceptance == result.acceptance
+    # costlier steps on another machine: the finished run, rerun with them, trains nothing more
+    # and records a depth no deeper from the same replay (here 1)
+    costly = train(_cfg(small_capture, tmp_path / "run", draft_step_cost=5.0), progress=False)
+    assert costly.already_done and costly.acceptance == result.acceptance
     assert SparrowConfig.load(costly.draft_dir).speculative_tokens == 1
-    # export of the run's checkpoint writes the depth the run recorded
-    out = subprocess.run([sys.executable, "-m", "vllm_sparrow.cli", "export", "--run", str(tmp_path / "costly"),
+    # export of the run's checkpoint writes the depth the run recorded last
+    out = subprocess.run([sys.executable, "-m", "vllm_sparrow.cli", "export", "--run", str(tmp_path / "run"),
                           "--out", str(tmp_path / "exported")], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert SparrowConfig.load(tmp_path / "exported").speculative_tokens == 1

@@ -20,8 +20,9 @@ per-position acceptance 0.9, 0.8, 0.5, 0.2 of 100 drafts and costs 0.1 + 0.1: to
 
 The costs are the serving hardware's, not the draft's: the defaults fit a one-layer draft of a
 7B target on a GPU at small batch (a draft forward reads ~1/10 of the target's weights; one more
-verified token costs ~1/10 of a step). Measure yours (vLLM's draft and step times) and retrain's
-choice follows with --draft-step-cost / --verify-token-cost, or set the depth with --k.
+verified token costs ~1/10 of a step). Measure yours (vLLM's draft and step times) and rerun the
+finished `sparrow train` with --draft-step-cost / --verify-token-cost (it trains nothing more:
+it replays and records the depth again), or set the depth with --k.
 """
 
 from __future__ import annotations

@@ -285,9 +285,11 @@ def settings_changed(out: Path, cfg: TrainConfig) -> list[str]:
 
 
 def _resumable_settings(cfg: TrainConfig) -> dict:
-    # Not compared: how long and how often (steps may grow), the device, and where the run lies
-    # (a run moved or copied to another folder resumes there).
-    return {k: v for k, v in asdict(cfg).items() if k not in ("steps", "val_every", "log_every", "device", "out")}
+    # Not compared: how long and how often (steps may grow), the device, where the run lies (a run
+    # moved or copied to another folder resumes there), and the step costs, which only choose the
+    # recorded depth (a finished run rerun with other costs replays and records it again).
+    skip = ("steps", "val_every", "log_every", "device", "out", "draft_step_cost", "verify_token_cost")
+    return {k: v for k, v in asdict(cfg).items() if k not in skip}
 
 
 def _check_config(out: Path, cfg: TrainConfig, rank: int) -> None:

@@ -15,6 +15,7 @@ KINDS = {
     "test_cli_options_come_from_configs": "fast",
     "test_cpu_expand_kernel_fix": "fast",
     "test_documented_commands_parse": "fast",
+    "test_gpu_check_runs_without_vllm": "fast",
     "test_draft_cache_matches_dense_reference": "fast",
     "test_environment_is_read_in_one_place": "fast",
     "test_modules_meet_through_public_interfaces": "fast",

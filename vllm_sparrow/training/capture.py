@@ -131,8 +131,10 @@ def _capture_sample(target, sample: Sample, cfg: CaptureConfig, writer: ShardWri
     if prompt_len >= cfg.max_seq_len:
         return BadSample(sample.index, "over-long sample",
                          f"{prompt_len} prompt tokens >= max_seq_len {cfg.max_seq_len}; use fewer frames")
-    if sample.response is None or cfg.regenerate:
+    if (sample.response is None and sample.response_ids is None) or cfg.regenerate:
         response = target.answer(inputs, min(cfg.max_new_tokens, cfg.max_seq_len - prompt_len))
+    elif sample.response_ids is not None:  # the target's own tokens (sparrow respond)
+        response = list(sample.response_ids)
     else:
         response = target.response_ids(sample.response)
     if not response:

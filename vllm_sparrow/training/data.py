@@ -7,7 +7,9 @@ Accepted lines (paths relative to the JSONL file's folder unless absolute):
                                                         {"from": "gpt", "value": "..."}]}
   chat messages:   {"video_path": "a.mp4", "messages": [{"role": "user", "content": "..."},
                                                          {"role": "assistant", "content": "..."}]}
-"image"/"image_path" instead of a video; neither means a text-only sample. Only the first
+"image"/"image_path" instead of a video; neither means a text-only sample. A line may carry
+"response_ids" (the response's token ids, as `sparrow respond` writes them beside "response"):
+capture then uses them as they are, with no tokenizer round trip. Only the first
 user/assistant turn is used. A bad line becomes a `BadSample` with a reason, never an exception,
 so a capture run counts it and goes on.
 """
@@ -31,6 +33,7 @@ class Sample:
     response: str | None  # None: the target writes it
     media_kind: MediaKind | None = None
     media_path: Path | None = None
+    response_ids: tuple[int, ...] | None = None  # the target's own tokens (sparrow respond)
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,10 @@ def parse_line(index: int, line: str, root: Path) -> Sample | BadSample:
         return BadSample(index, "empty prompt", "give 'prompt', 'conversations' or 'messages'")
     if response is not None and not response.strip():
         return BadSample(index, "empty response", "drop the key to let the target write it")
-    return Sample(index, prompt, response, kind, path)
+    ids = row.get("response_ids")
+    if ids is not None and not (isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids)):
+        return BadSample(index, "bad response_ids", "give a non-empty list of token ids, or drop the key")
+    return Sample(index, prompt, response, kind, path, None if ids is None else tuple(ids))
 
 
 def _media(row: dict[str, Any], root: Path) -> tuple[MediaKind | None, Path | None]:

@@ -54,7 +54,8 @@ def dataset(workdir, target_dirs):
 
 def _cfg(d, out, **kw):
     return CaptureConfig(target=str(d["target"]), data=str(d["root"] / "data.jsonl"), out=str(out),
-                         num_frames=16, max_new_tokens=8, max_seq_len=120, shard_size=2, **kw)
+                         num_frames=16, max_new_tokens=8, max_seq_len=120, shard_size=2,
+                         store_dtype="float32", **kw)  # the round trip is checked exactly
 
 
 @pytest.fixture(scope="module")

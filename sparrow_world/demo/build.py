@@ -141,7 +141,8 @@ def _capture(target: Path, data: Path, out: Path) -> Path:
 
     # every frame (2 fps): the draft trains on the visual token counts vLLM will serve
     report = capture(CaptureConfig(target=str(target), data=str(data), out=str(out), num_frames=10_000,
-                                   max_new_tokens=320, eagle_baseline=True, eagle3=True, shard_size=32))
+                                   max_new_tokens=320, eagle_baseline=True, eagle3=True, shard_size=32,
+                                   store_dtype="float32"))  # what the shipped drafts were trained from
     print(f"capture: {report.summary()}", flush=True)
     return out, report.summary()
 

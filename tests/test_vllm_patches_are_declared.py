@@ -60,8 +60,9 @@ def test_the_method_patches_and_the_general_fixes_are_declared_in_their_own_modu
 
 def test_every_read_of_this_platform_is_present_on_the_installed_vllm():
     """Each internal Sparrow reads (or overrides) without patching it is where its row says on the
-    installed vLLM 0.32, found as its check says: attribute, dataclass field, or assigned in the
-    code of the class (instance attributes set in __init__)."""
+    installed vLLM (0.32 here; 0.33 is read from its source: test_patch_targets_exist_in_vllm_source),
+    found as its check says: attribute, dataclass field, or assigned in the code of the class
+    (instance attributes set in __init__)."""
     reads = [r for r in patches.PATCHES if r.kind == "reads" and patches.on_this_platform(r)]
     assert len(reads) > 40
     assert patches.missing_reads(reads) == []

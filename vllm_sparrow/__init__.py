@@ -12,4 +12,7 @@ which this one never imports. Importing this package touches neither vLLM nor CU
 """
 
 __version__ = "0.1.0"
-SUPPORTED_VLLM_VERSION = "0.32.0"
+# The vLLM releases the plugin registers on (patches.check_vllm_version); on any other it steps
+# aside. Each is checked from its source by tools/vllm_source_check.py (tests/test_patch_targets_
+# exist_in_vllm_source.py); the CPU build is released for 0.32.0 only.
+SUPPORTED_VLLM_VERSIONS = ("0.32.0", "0.33.0")

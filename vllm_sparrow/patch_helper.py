@@ -3,6 +3,7 @@ replacement every patch goes through.
 
 A `Declared` row replaces an attribute of vLLM (or sets a mapping entry); a `Read` row replaces
 nothing and names an internal of vLLM that Sparrow reads, or a method it overrides in a subclass.
+A row applies on every supported vLLM version unless it names its versions (`for_version`).
 `replace_attr` and `set_entry` check that a patch touches the attribute its row declares and that
 no other patch holds that attribute, and record the original so `revert_patches` can undo it.
 The rows are declared beside the code they serve (method_patches.py, vllm_reads.py,
@@ -28,6 +29,7 @@ class Declared:
     reason: str
     apply: Callable[[], None]  # shared by rows that must be applied together
     needs: tuple[str, ...] = ()  # fixes this one builds on (turning one off turns this off)
+    vllm_versions: tuple[str, ...] = ()  # the vLLM versions it applies to; empty: every supported one
 
 
 # How the start-up check finds a read's target on the installed vLLM:
@@ -52,6 +54,7 @@ class Read:
     required: bool = True  # missing: the plugin steps aside (else the reader falls back; logged)
     platform: str = "any"  # "any", "cpu" or "cuda"
     needs: tuple[str, ...] = ()  # the general fix that reads it (turned off: not checked)
+    vllm_versions: tuple[str, ...] = ()  # the vLLM versions it applies to; empty: every supported one
 
     def __post_init__(self) -> None:
         if self.check not in CHECKS:
@@ -64,6 +67,12 @@ class Read:
     @property
     def scope(self) -> str:
         return "fix" if self.needs else "sparrow"
+
+
+def for_version(row: Declared | Read, version: str) -> bool:
+    """Whether a row applies on vLLM `version` (X.Y.Z): a row whose target moved between the
+    supported versions is declared once per version, each naming its own."""
+    return not row.vllm_versions or version in row.vllm_versions
 
 
 @dataclass

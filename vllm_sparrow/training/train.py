@@ -2,13 +2,22 @@
 
 Run directory:
   train_config.json      the TrainConfig of the run (a resume must use the same)
-  checkpoint.pt          draft + bridge + optimizer + step + RNG state, every `save_every` steps
+  checkpoint.pt          draft + bridge + optimizer + step + place in the sample stream, every
+                         `save_every` steps
   draft/                 the exported Sparrow draft (config.json + model.safetensors)
   log.jsonl              one line per logged step / validation (and the depth chosen, depth.py)
-Deterministic for a given seed and configuration (sample order and visual subsets come from
-seeded generators; resuming restores them). Data parallel: launch with torchrun; each rank
-takes every world_size-th sample and gradients (draft and bridge) are all-reduced before each
-optimiser step.
+Deterministic for a given seed and configuration: the samples form one global stream (epoch e
+is a permutation drawn from (seed, e) alone) and each sample's random draws (its IVSB visual
+subset and dropout) come from (seed, its place in the stream), never from a generator that other
+samples advance; a checkpoint holds how far along the stream the run is, so resuming is exact.
+
+Data parallel: launch with torchrun. Each optimiser step takes the next batch_samples x
+world_size places of the stream, rank r every world_size-th of them from the r-th; gradients
+(draft and bridge) are averaged over the ranks before the step. So R ranks with batch_samples b
+see, per step, the samples 1 rank with batch_samples R x b sees, draw the same random subsets for
+them and step with the same mean gradient: the weights agree up to the order floating-point
+sums are taken in (exactly, for b = 1 and R = 2). The logged loss and top-1 are over every
+rank's samples.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -89,7 +99,7 @@ class TrainResult:
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
-    rank, world = _dist_init()
+    rank, world = _dist_init(cfg.device)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     _check_config(out, cfg, rank)
@@ -113,11 +123,14 @@ def _loop(cfg, out, reader, train_idx, val_idx, draft, target, bridge, opt, stat
           progress) -> TrainResult:
     from tqdm import tqdm
 
-    gen = torch.Generator().manual_seed(cfg.seed)
-    if state.get("generator") is not None:
-        gen.set_state(state["generator"])
-    order: list[int] = state.get("order", [])
-    step, window = state.get("step", 0), {"loss": 0.0, "correct": 0, "scored": 0, "n": 0}
+    stream = SampleStream(cfg.seed, train_idx)
+    step = state.get("step", 0)
+    position = state.get("position", step * cfg.batch_samples * world)  # next place in the stream
+    if state.get("world_size", world) != world and rank == 0:
+        log.warning("%s was trained on %d ranks and resumes on %d: each step now takes %d samples, so the "
+                    "weights will differ from a run that kept its ranks", out, state["world_size"], world,
+                    cfg.batch_samples * world)
+    window = _empty_window()
     bar = tqdm(total=cfg.steps, initial=step, desc="train", disable=not progress or rank != 0)
     logged = ([{}] + [r for r in read_jsonl(out / "log.jsonl", repair=False) if "loss" in r])[-1]  # a resumed run's last window
     last_loss, top1 = logged.get("loss", float("nan")), logged.get("top1", float("nan"))
@@ -125,33 +138,21 @@ def _loop(cfg, out, reader, train_idx, val_idx, draft, target, bridge, opt, stat
     while step < cfg.steps:
         _set_lr(opt, cfg, step)
         opt.zero_grad()
-        for _ in range(cfg.batch_samples):
-            if not order:  # a new epoch: a seeded permutation, this rank's share
-                order = [train_idx[i] for i in torch.randperm(len(train_idx), generator=gen).tolist()][rank::world]
-            index = order.pop(0)
-            sample = _load(reader, index)
-            if sample is None:
-                continue
-            stages = recipe_for(cfg.draft_kind).stages(cfg, draft, target, bridge, sample, gen,
-                                                       visual_shown(cfg, step, index))
-            loss = sum((cfg.mtp_weight ** s) * r.loss for s, r in enumerate(stages)) / cfg.batch_samples
-            loss.backward()
-            window["loss"] += loss.item()
-            window["correct"] += stages[0].correct
-            window["scored"] += stages[0].scored
+        for place in rank_places(position, cfg.batch_samples, rank, world):
+            _train_sample(cfg, reader, stream, place, step, draft, target, bridge, window)
         _average_grads(opt, world)
         opt.step()
-        step += 1
+        step, position = step + 1, position + cfg.batch_samples * world
         window["n"] += 1
         if step % cfg.log_every == 0 or step == cfg.steps:
-            last_loss, top1 = window["loss"] / window["n"], window["correct"] / max(1, window["scored"])
+            last_loss, top1 = _global_window(window, world, cfg.device)
             bar.set_postfix(loss=f"{last_loss:.3f}", top1=f"{top1:.2f}")
             _log(out, rank, {"step": step, "loss": last_loss, "top1": top1})
-            window = {"loss": 0.0, "correct": 0, "scored": 0, "n": 0}
+            window = _empty_window()
         if rank == 0 and (step % cfg.save_every == 0 or step == cfg.steps):
             atomic_torch_save(out / "checkpoint.pt", {  # a kill mid-save keeps the previous one
                 "step": step, "draft": draft.state_dict(), "bridge": bridge.state_dict(),
-                "opt": opt.state_dict(), "generator": gen.get_state(), "order": order})
+                "opt": opt.state_dict(), "position": position, "world_size": world})
         if cfg.val_every and step % cfg.val_every == 0 and step < cfg.steps and rank == 0:
             _validate(cfg, out, reader, val_idx, draft, target, step)
         bar.update(1)
@@ -166,6 +167,69 @@ def _loop(cfg, out, reader, train_idx, val_idx, draft, target, bridge, opt, stat
         except Exception as e:  # noqa: BLE001 - the exported draft stands whatever validation does
             log.warning("final validation failed (%s); the draft was exported to %s", e, draft_dir)
     return TrainResult(step, last_loss, top1, acceptance, draft_dir, already_done, depth)
+
+
+class SampleStream:
+    """The training samples as one endless stream: epoch e is a permutation of them drawn from
+    (seed, e) alone, so every rank and every resume sees the same stream without sharing state."""
+
+    def __init__(self, seed: int, train_idx: list[int]) -> None:
+        self.seed, self.train_idx, self._epoch = seed, train_idx, (-1, [])
+
+    def __getitem__(self, place: int) -> int:
+        """The capture position of the sample at `place` in the stream."""
+        epoch, offset = divmod(place, len(self.train_idx))
+        if self._epoch[0] != epoch:
+            gen = torch.Generator().manual_seed(derived_seed(self.seed, "epoch", epoch))
+            self._epoch = (epoch, torch.randperm(len(self.train_idx), generator=gen).tolist())
+        return self.train_idx[self._epoch[1][offset]]
+
+
+def derived_seed(*parts) -> int:
+    """A 63-bit seed that depends on `parts` alone (string seeding is stable across processes)."""
+    return random.Random(":".join(map(str, parts))).getrandbits(63)
+
+
+def rank_places(position: int, batch_samples: int, rank: int, world: int) -> range:
+    """The stream places rank `rank` trains on in the step that starts at `position`: every
+    world-th of the step's batch_samples x world places, from the rank-th. Over the ranks they are
+    the places one process with batch_samples x world takes, whatever the number of samples."""
+    return range(position + rank, position + batch_samples * world, world)
+
+
+def _train_sample(cfg, reader, stream, place, step, draft, target, bridge, window) -> None:
+    """Forward and backward of the sample at `place` (its loss scaled to its share of the
+    step); a sample that cannot train adds nothing (the gradient average still counts it)."""
+    index = stream[place]
+    sample = _load(reader, index)
+    if sample is None:
+        return
+    # Its own generator: the visual subset depends on (seed, place) only, not on which rank took
+    # the samples before it.
+    gen = torch.Generator().manual_seed(derived_seed(cfg.seed, "sample", place))
+    stages = recipe_for(cfg.draft_kind).stages(cfg, draft, target, bridge, sample, gen,
+                                               visual_shown(cfg, step, index))
+    loss = sum((cfg.mtp_weight ** s) * r.loss for s, r in enumerate(stages)) / cfg.batch_samples
+    loss.backward()
+    window["loss"] += loss.item()
+    window["correct"] += stages[0].correct
+    window["scored"] += stages[0].scored
+
+
+def _empty_window() -> dict:
+    return {"loss": 0.0, "correct": 0, "scored": 0, "n": 0}
+
+
+def _global_window(window: dict, world: int, device: str) -> tuple[float, float]:
+    """(mean loss per step, top-1) of the log window over every rank's samples: each rank holds
+    its share of each step's loss (summed over its samples, scaled by 1/batch_samples), so the
+    step's loss over the global batch is the ranks' sum / world. Every rank must call it."""
+    totals = torch.tensor([window["loss"], window["correct"], window["scored"]], dtype=torch.float64,
+                          device=device)  # on the rank's device: NCCL reduces GPU tensors only
+    if world > 1:
+        torch.distributed.all_reduce(totals)
+    loss, correct, scored = totals.tolist()
+    return loss / world / window["n"], correct / max(1.0, scored)
 
 
 def _record_depth(cfg: TrainConfig, out: Path, draft_dir: Path, est: AcceptanceEstimate,
@@ -314,22 +378,34 @@ def _log(out: Path, rank: int, row: dict) -> None:
         append_jsonl(out / "log.jsonl", row)
 
 
-def _dist_init() -> tuple[int, int]:
+def _dist_init(device: str) -> tuple[int, int]:
+    """(rank, world size) under torchrun (its WORLD_SIZE and LOCAL_RANK, which envs.py leaves to
+    their owner), else (0, 1). NCCL for GPU training, gloo for CPU tensors."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not torch.distributed.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        torch.distributed.init_process_group(backend)
-        if torch.cuda.is_available():
+        on_gpu = torch.device(device).type == "cuda"
+        if on_gpu:  # before the group forms: "cuda" is then this rank's own GPU
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.distributed.init_process_group("nccl" if on_gpu else "gloo")
     return (torch.distributed.get_rank(), world) if world > 1 else (0, 1)
 
 
 def _average_grads(opt, world: int) -> None:
+    """Each gradient averaged over the ranks. A parameter no sample of the step touched on any rank
+    (the bridge when no sample showed visual states) keeps no gradient, so AdamW skips it as one
+    process would; one that some rank touched gets zeros from the others. Every rank joins every
+    all-reduce, also a rank whose samples were all skipped."""
     if world == 1:
         return
-    for group in opt.param_groups:
-        for p in group["params"]:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)  # every rank must join every all-reduce
-            torch.distributed.all_reduce(p.grad)
-            p.grad /= world
+    params = [p for group in opt.param_groups for p in group["params"]]
+    touched = torch.tensor([p.grad is not None for p in params], dtype=torch.float32,
+                           device=params[0].device)
+    torch.distributed.all_reduce(touched)
+    for p, anywhere in zip(params, touched.tolist()):
+        if not anywhere:
+            p.grad = None
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        torch.distributed.all_reduce(p.grad)
+        p.grad /= world

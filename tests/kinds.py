@@ -63,6 +63,7 @@ KINDS = {
     "test_trained_draft_recommends_the_depth_it_measured": "engine",
     "test_training_pipeline_end_to_end": "engine",
     "test_triton_window_attention_matches_torch": "engine",
+    "test_two_process_training_matches_one": "engine",
     # server
     "test_example_server_answers_about_the_longest_clip": "server",
     "test_local_media_without_allowed_path_gets_a_400": "server",

@@ -15,12 +15,13 @@ no engine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from .knobs import knob
 from .durable import append_jsonl, read_jsonl
@@ -125,45 +126,68 @@ def caption_batch(job: CaptionJob, llm=None, progress: bool = True, progress_fil
         todo = todo[: job.limit]
     if not todo:  # nothing to do: no engine
         return CaptionReport(0, 0, skipped, 0.0, 0, None)
-    own, rows = llm is None, []
+    rows: list[str] = []
     try:
-        llm = llm or _engine(job)  # inside: a Ctrl-C while the engine starts ends the same way
-        return _caption(llm, job, todo, skipped, rows, progress, progress_file)
-    except BaseException as e:
-        from vllm.v1.engine.exceptions import EngineDeadError
+        with engine_session(lambda: _engine(job), llm) as engine:
+            return _caption(engine, job, todo, skipped, rows, progress, progress_file)
+    except EngineInterrupted:
+        raise CaptionInterrupted(len(rows)) from None
 
-        # Ctrl-C reaches vLLM's engine process too, so the client may see it die first.
-        if isinstance(e, KeyboardInterrupt) or (isinstance(e, EngineDeadError) and _interrupted):
-            raise CaptionInterrupted(len(rows)) from None
+
+class EngineInterrupted(KeyboardInterrupt):
+    """Ctrl-C during an engine_session: the engine it opened was shut down."""
+
+
+@contextlib.contextmanager
+def engine_session(open_engine: Callable[[], Any], llm=None) -> Iterator[Any]:
+    """An engine for a batch job: `llm`, or one from open_engine() that is shut down on the way
+    out, also on Ctrl-C (the engine processes go before the command reports). Ctrl-C, also while
+    the engine starts, leaves as EngineInterrupted; so does the EngineDeadError it causes when it
+    reaches vLLM's engine process first (the terminal signals the whole process group)."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    own, interrupted = llm is None, [False]
+    try:
+        llm = llm or open_engine()
+        with _sigint_noted(interrupted):  # after the start: interruptible_start needs the default handler
+            yield llm
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt) or (isinstance(e, EngineDeadError) and interrupted[0]):
+            raise EngineInterrupted() from None
         raise
     finally:
-        if own and llm is not None:  # also on Ctrl-C: the engine processes go before the command reports
+        if own and llm is not None:
             llm.llm_engine.engine_core.shutdown()
 
 
-_interrupted = False  # set by the SIGINT handler of caption_batch's run
+@contextlib.contextmanager
+def _sigint_noted(flag: list[bool]) -> Iterator[None]:
+    """SIGINT sets flag[0] and raises KeyboardInterrupt as without the handler (main thread only)."""
+    import signal
+    import threading
+
+    def on_sigint(signum, frame):
+        flag[0] = True
+        signal.default_int_handler(signum, frame)
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, on_sigint) if main else None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
 
 
 def _caption(llm, job, todo, skipped, written, progress, progress_file) -> CaptionReport:
-    import signal
-
     from tqdm import tqdm
     from vllm import SamplingParams
-
-    global _interrupted
-    _interrupted = False
-
-    def on_sigint(signum, frame):
-        global _interrupted
-        _interrupted = True
-        signal.default_int_handler(signum, frame)  # KeyboardInterrupt, as without the handler
 
     before = spec_counters(llm)
     params = SamplingParams(temperature=0.0, max_tokens=job.max_tokens)
     templater = _templater(job.target)
     start, n_done, n_err, n_tok = time.perf_counter(), 0, 0, 0
     bar = tqdm(total=len(todo), desc="caption", unit="video", disable=not progress, file=progress_file)
-    previous = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
     try:
         for lo in range(0, len(todo), job.chunk):
             rows = _run_chunk(llm, todo[lo : lo + job.chunk], job, params, templater)
@@ -176,18 +200,10 @@ def _caption(llm, job, todo, skipped, written, progress, progress_file) -> Capti
             bar.update(len(rows))
     finally:
         bar.close()
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
     after = spec_counters(llm)
     drafts = after["num_drafts"] - before["num_drafts"]
     acc = 1 + (after["num_accepted_tokens"] - before["num_accepted_tokens"]) / drafts if drafts else None
     return CaptionReport(n_done, n_err, skipped, time.perf_counter() - start, n_tok, acc)
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 def _run_chunk(llm, items, job, params, templater) -> list[dict]:
@@ -204,15 +220,8 @@ def _run_chunk(llm, items, job, params, templater) -> list[dict]:
             rows.append({"id": it["id"], "video": it["video"], "error": str(e)})
             continue
         requests.append((it, {"prompt": templater(it["prompt"]), "multi_modal_data": {"video": video}}))
-    from vllm.exceptions import VLLMClientError
-
-    try:
-        outputs = llm.generate([r for _, r in requests], params, use_tqdm=False)
-        pairs = list(zip(requests, outputs))
-    except (ValueError, VLLMClientError):  # vLLM refused one request (e.g. too long); it
-        # aborted the ones it had added, so each runs alone and only the bad one fails
-        pairs = [(req, _one(llm, req[1], params)) for req in requests]
-    for (it, _), o in pairs:
+    outputs = generate_each(llm, [r for _, r in requests], params)
+    for (it, _), o in zip(requests, outputs):
         if isinstance(o, Exception):
             rows.append({"id": it["id"], "video": it["video"], "error": str(o)})
         else:
@@ -220,6 +229,18 @@ def _run_chunk(llm, items, job, params, templater) -> list[dict]:
                          "finish_reason": o.outputs[0].finish_reason, "prompt_tokens": len(o.prompt_token_ids),
                          "output_tokens": len(o.outputs[0].token_ids)})
     return rows
+
+
+def generate_each(llm, requests: list[dict], params) -> list:
+    """llm.generate(requests) in one batch: a RequestOutput per request, or the exception of a
+    request vLLM refused (e.g. longer than max_model_len) while the others still run."""
+    from vllm.exceptions import VLLMClientError
+
+    try:
+        return llm.generate(requests, params, use_tqdm=False)
+    except (ValueError, VLLMClientError):  # vLLM refused one request; it aborted the ones it
+        # had added, so each runs alone and only the bad one fails
+        return [_one(llm, request, params) for request in requests]
 
 
 def _one(llm, request, params):
@@ -247,14 +268,20 @@ def _templater(target: str):
 
 
 def _engine(job: CaptionJob):
-    from vllm import LLM
-
-    from .lifetime import interruptible_start
-
-    kw = dict(model=job.target, limit_mm_per_prompt={"video": 1}, disable_log_stats=False)
+    kw: dict[str, Any] = dict(limit_mm_per_prompt={"video": 1}, disable_log_stats=False)
     if job.draft:
         kw["speculative_config"] = {"method": "sparrow", "model": job.draft}
         if job.num_speculative_tokens is not None:
             kw["speculative_config"]["num_speculative_tokens"] = job.num_speculative_tokens
-    with interruptible_start():  # Ctrl-C while it starts: KeyboardInterrupt, not lost in vLLM's start-up wait
-        return LLM(**{**kw, **job.engine_args})
+    return open_engine(job.target, {**kw, **job.engine_args})
+
+
+def open_engine(target: str, engine_args: dict[str, Any]):
+    """vLLM's LLM(model=target, **engine_args), started so that Ctrl-C while it starts raises
+    KeyboardInterrupt instead of being lost in vLLM's start-up wait (lifetime.interruptible_start)."""
+    from vllm import LLM
+
+    from .lifetime import interruptible_start
+
+    with interruptible_start():
+        return LLM(model=target, **engine_args)

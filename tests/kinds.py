@@ -57,6 +57,7 @@ KINDS = {
     "test_probe_layers_suggests_ivsb_layer": "engine",
     "test_pyav_video_codec_in_vllm": "engine",
     "test_reduced_draft_vocabulary": "engine",
+    "test_respond_writes_the_targets_answers_through_vllm": "engine",
     "test_sampling_distribution_matches_target": "engine",
     "test_setup_checks_the_gpu": "engine",
     "test_train_resume_is_exact": "engine",

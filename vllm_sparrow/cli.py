@@ -1,4 +1,4 @@
-"""The `sparrow` command: init-draft, capture, probe-layers, train, export, calibrate-stop, caption;
+"""The `sparrow` command: init-draft, respond, capture, probe-layers, train, export, calibrate-stop, caption;
 plus the commands other installed packages add (the demo kit's `demo` and `bench`)."""
 
 from __future__ import annotations
@@ -28,6 +28,29 @@ def _capture(args) -> int:
     print(f"{args.out}: {report.summary()}"
           + (f" (resumed after {report.resumed_from} done)" if report.resumed_from else ""))
     print(f"next: sparrow train --capture {args.out} --out RUN   (RUN/draft is the plugin draft)")
+    return 0
+
+
+def _respond(args) -> int:
+    from .batch_caption import EngineInterrupted
+    from .logs import logs_to
+    from .training.respond import RespondConfig, RespondRefused, respond, work_file
+
+    cfg = from_args(RespondConfig, args)
+    log = None if cfg.log == "-" else Path(cfg.log or f"{cfg.out}.vllm.log")
+    with logs_to(log) as term:  # the terminal gets progress and the report; vLLM's output goes to the log
+        try:
+            report = respond(cfg, progress_file=term)
+        except RespondRefused as e:
+            print(f"error: {e}", file=term)
+            return 2
+        except EngineInterrupted:
+            print(f"interrupted: the responses so far are in {work_file(cfg.out)}; rerun the same command to "
+                  "resume", file=term)
+            return 130
+        print(f"{cfg.out}: {report.summary()}" + (f" (vLLM's log: {log})" if log and report.responded else ""),
+              file=term)
+    print(f"next: sparrow capture --target {cfg.target} --data {cfg.out} --out CAPTURE --frames {cfg.num_frames}")
     return 0
 
 
@@ -156,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .training.capture import CaptureConfig
     from .training.export import ExportJob
     from .training.probe_layers import ProbeJob
+    from .training.respond import RespondConfig
     from .training.train import TrainConfig
 
     p = argparse.ArgumentParser(prog="sparrow", description=__doc__)
@@ -166,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(i, SparrowConfig, only=("anchor_tokens", "window_tokens", "speculative_tokens"))
     i.add_argument("--seed", type=int, default=0, help="seed of the random initialisation")
     i.set_defaults(fn=_init_draft)
+    r = sub.add_parser("respond", help="the target's own greedy responses to a JSONL dataset, written by vLLM "
+                                       "(resumable; capture then stores them as they are)")
+    add_options(r, RespondConfig)
+    r.set_defaults(fn=_respond)
     c = sub.add_parser("capture", help="run the target over a JSONL dataset; store training states")
     add_options(c, CaptureConfig)
     c.set_defaults(fn=_capture)

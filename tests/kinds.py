@@ -41,6 +41,7 @@ KINDS = {
     "test_draft_slots_freed_after_aborts_and_preemption": "engine",
     "test_draft_step_cost_does_not_grow_with_batch": "engine",
     "test_durable_writes_survive_kill_9": "engine",
+    "test_engine_capture_equals_transformers_capture": "engine",
     "test_eagle3_baseline_serves_in_vllm": "engine",
     "test_eagle_baseline_trains_and_serves": "engine",
     "test_engine_shutdown_frees_the_target": "engine",

@@ -21,6 +21,7 @@ _SAMPLING = "vllm.v1.sample.metadata.SamplingMetadata"
 _EAGLE = "vllm.v1.spec_decode.eagle.EagleProposer"  # its instance attributes are set by SpecDecodeBaseProposer
 _OPS = "vllm._custom_ops"
 _PROPOSER = "proposer.py"
+_CAPTURE = "training/capture_worker.py"
 
 
 def _overridden(method: str, what: str) -> Read:
@@ -31,13 +32,13 @@ ROWS: tuple[Read, ...] = (
     # proposer.py: the runner's host copies of the step (nothing is read back from the device)
     Read(f"{_RUNNER}.input_batch", _PROPOSER, "the persistent batch: per-request counts and tokens on the host",
          "instance"),
-    Read(f"{_BATCH}.req_ids", _PROPOSER, "request ids in batch order: draft cache slots, released requests",
+    Read(f"{_BATCH}.req_ids", f"{_PROPOSER}, {_CAPTURE}", "request ids in batch order: draft cache slots, released requests",
          "class"),
-    Read(f"{_BATCH}.num_prompt_tokens", _PROPOSER, "prompt lengths: prompt rows vs decode rows, visual counts",
+    Read(f"{_BATCH}.num_prompt_tokens", f"{_PROPOSER}, {_CAPTURE}", "prompt lengths: prompt rows vs decode rows, visual counts",
          "instance"),
-    Read(f"{_BATCH}.num_computed_tokens_cpu", _PROPOSER,
+    Read(f"{_BATCH}.num_computed_tokens_cpu", f"{_PROPOSER}, {_CAPTURE}",
          "tokens computed before the step: decode-only steps, text bounds, prompt chunks", "instance"),
-    Read(f"{_BATCH}.token_ids_cpu", _PROPOSER,
+    Read(f"{_BATCH}.token_ids_cpu", f"{_PROPOSER}, {_CAPTURE}",
          "prompt token ids: visual placeholders counted per request and per prompt chunk", "instance"),
     Read(f"{_RUNNER}.discard_request_mask", _PROPOSER,
          "requests mid-prefill this step (their sampled token is discarded): no drafts committed for them",
@@ -91,8 +92,20 @@ ROWS: tuple[Read, ...] = (
          "the head's weight for a reduced draft vocabulary, used only when the logits are a plain matmul "
          "(else the full vocabulary; read with getattr)", "documented", required=False),
     # engine_stats.py: the drafter's accounting, through LLM.collective_rpc
-    Read("vllm.v1.worker.gpu_worker.Worker.model_runner", "engine_stats.py",
-         "the worker's runner, whose drafter holds the Sparrow stats", "instance"),
+    Read("vllm.v1.worker.gpu_worker.Worker.model_runner", "engine_stats.py, training/capture_worker.py",
+         "the worker's runner: its drafter's Sparrow stats; the batch layout and model the capture hooks read",
+         "instance"),
+    # training/capture_worker.py: the target's states inside the engine (a worker extension)
+    Read("vllm.config.parallel.ParallelConfig.worker_extension_cls", _CAPTURE,
+         "mixes CaptureWorkerExtension into the worker (the engine argument)", "field"),
+    Read("vllm.v1.worker.gpu_worker.Worker.rank", _CAPTURE, "only rank 0 writes the states", "instance"),
+    Read(f"{_RUNNER}.model", _CAPTURE, "the target model the capture hooks", "instance"),
+    Read(f"{_RUNNER}.query_start_loc", _CAPTURE, "[B + 1] host row offsets of the step being run", "instance"),
+    Read(f"{_BATCH}.num_reqs", _CAPTURE, "requests in the step being run", "class"),
+    Read("<target language model>.model.layers, .model.norm", _CAPTURE,
+         "hooked: a decoder layer returns (hidden, residual), the stream is their sum; the final norm's output "
+         "is what the proposer is handed (hooks on modules: vLLM's compile decorator bypasses the model's own)",
+         "documented"),
     # batch_caption.py: shutting its engine down
     Read("vllm.entrypoints.llm.LLM.llm_engine", "batch_caption.py", "the engine behind LLM", "instance"),
     Read("vllm.v1.engine.llm_engine.LLMEngine.engine_core", "batch_caption.py", "the engine-core client",

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -34,10 +36,10 @@ from ..durable import DurableWriteError
 from ..fingerprint import weights_fingerprint
 from .data import BadSample, Sample, load_media, read_samples
 from .shards import CaptureMismatch, Part, ShardWriter, check_data_file, open_part
+from .stored import STORE_DTYPES, given_response, stored_tensors
 from .target_runner import eagle3_layer_ids
 
 log = logging.getLogger("vllm_sparrow.capture")
-STORE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -64,6 +66,11 @@ class CaptureConfig:
                                    "directory as the other N - 1 processes (one per GPU or machine)")
     disk_check: bool = knob(True, "refuse to start when the estimated size exceeds the free disk",
                             flag="--no-disk-check")
+    engine: bool = knob(False, "run the target in vLLM: many samples per batched prefill, responses written "
+                               "by vLLM (else transformers, one sample at a time)")
+    batch: int = knob(16, "samples per engine run (--engine)")
+    engine_args: dict[str, Any] = knob(default_factory=dict, help='extra LLM(...) arguments of the --engine '
+                                       'target as JSON, e.g. {"tensor_parallel_size": 2, "dtype": "bfloat16"}')
 
     def settings(self) -> dict:
         """What must not change between a run and its resumption, the target's weights included
@@ -80,6 +87,7 @@ class CaptureReport:
     kept: int  # this process's part of a split capture
     skipped: dict[str, int]  # reason -> count
     resumed_from: int  # samples already done before this run
+    seconds: float = 0.0  # the sample loop's wall time this run (the model's or engine's start-up excluded)
 
     def summary(self) -> str:
         bad = ", ".join(f"{n} {r}" for r, n in sorted(self.skipped.items())) or "none"
@@ -87,11 +95,12 @@ class CaptureReport:
 
 
 def capture(cfg: CaptureConfig, progress: bool = True) -> CaptureReport:
-    from tqdm import tqdm
+    from .target_runner import HFTarget, TargetInputs
 
-    from .target_runner import HFTarget
-
-    target = HFTarget(cfg.target, device=cfg.device)
+    if cfg.engine and cfg.eagle_baseline:
+        raise CaptureRefused("--engine does not store the EAGLE-style baseline's positions yet: capture it "
+                             "without --engine")
+    target = TargetInputs(cfg.target) if cfg.engine else HFTarget(cfg.target, device=cfg.device)
     if cfg.ivsb_layer is None:
         cfg.ivsb_layer = max(1, (2 * target.num_layers) // 3)
     if not 1 <= cfg.ivsb_layer <= target.num_layers:
@@ -106,21 +115,67 @@ def capture(cfg: CaptureConfig, progress: bool = True) -> CaptureReport:
             and (part is None or part.owns(r.index))]
     todo = [r for r in rows if r.index not in done]
     check_disk(cfg, target, todo, folder)
-    bar = tqdm(todo, desc="capture", unit="sample", disable=not progress)
-    for row in bar:
-        problem = row if isinstance(row, BadSample) else _capture_one(target, row, cfg, writer)
-        if problem is not None:
-            writer.skip(problem.index, f"{problem.reason}: {problem.detail}")
-            log.warning("skipped %s", problem.message())
-        bar.set_postfix(kept=len(manifest.samples()) + len(writer.buffer), skipped=len(manifest.skipped))
+    seconds = (_run_engine if cfg.engine else _run_hf)(cfg, target, todo, writer, progress) if todo else 0.0
     writer.flush()
     counts: dict[str, int] = {}
     for message in manifest.skipped.values():
         reason = message.split(":", 1)[0]
         counts[reason] = counts.get(reason, 0) + 1
-    report = CaptureReport(len(manifest.samples()), counts, len(done))
+    report = CaptureReport(len(manifest.samples()), counts, len(done), seconds)
     log.info("capture %s: %s", out, report.summary())
     return report
+
+
+def _record(writer: ShardWriter, index: int, result: dict | BadSample) -> None:
+    if isinstance(result, BadSample):
+        writer.skip(result.index, f"{result.reason}: {result.detail}")
+        log.warning("skipped %s", result.message())
+    else:
+        writer.add(index, result)
+
+
+def _progress(total: int, progress: bool, writer: ShardWriter):
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="capture", unit="sample", disable=not progress)
+    m = writer.manifest
+    return bar, lambda n: (bar.update(n), bar.set_postfix(kept=len(m.samples()) + len(writer.buffer),
+                                                          skipped=len(m.skipped)))
+
+
+def _run_hf(cfg: CaptureConfig, target, todo: list, writer: ShardWriter, progress: bool) -> float:
+    """The transformers target, one sample at a time (the reference path). Returns its seconds."""
+    bar, advance = _progress(len(todo), progress, writer)
+    start = time.perf_counter()
+    for row in todo:
+        _record(writer, row.index, row if isinstance(row, BadSample) else _capture_one(target, row, cfg))
+        advance(1)
+    bar.close()
+    return time.perf_counter() - start
+
+
+def _run_engine(cfg: CaptureConfig, inputs, todo: list, writer: ShardWriter, progress: bool) -> float:
+    """The vLLM target, `cfg.batch` samples per engine run (engine_target.py). Returns the seconds
+    of its sample loop (the engine's start-up excluded)."""
+    from ..batch_caption import engine_session, open_engine
+    from .engine_target import EngineTarget, engine_args, engine_chunk
+
+    bar, advance = _progress(len(todo), progress, writer)
+    args = engine_args(cfg.max_seq_len, cfg.engine_args)
+    with engine_session(lambda: open_engine(cfg.target, args)) as llm:
+        target = EngineTarget(cfg.target, llm)
+        start = time.perf_counter()
+        try:
+            for lo in range(0, len(todo), cfg.batch):
+                chunk = todo[lo: lo + cfg.batch]
+                for row, result in zip(chunk, engine_chunk(target, chunk, cfg)):
+                    _record(writer, row.index, result)
+                advance(len(chunk))
+        finally:
+            target.close()
+        seconds = time.perf_counter() - start
+    bar.close()
+    return seconds
 
 
 class CaptureRefused(CaptureMismatch):
@@ -175,11 +230,11 @@ def estimate_sample_bytes(cfg: CaptureConfig, target, sample: Sample) -> tuple[i
     return states * width + ids_bytes, f"sample {sample.index}: {n_vis:,} visual + {n - n_vis:,} text tokens, {said}"
 
 
-def _capture_one(target, sample: Sample, cfg: CaptureConfig, writer: ShardWriter) -> BadSample | None:
-    """Capture one sample, or say why not: any failure of this sample (its media, the processor,
+def _capture_one(target, sample: Sample, cfg: CaptureConfig) -> dict | BadSample:
+    """One sample's tensors, or why not: any failure of this sample (its media, the processor,
     the target) skips it with its reason; the run goes on and a rerun does not retry it."""
     try:
-        return _capture_sample(target, sample, cfg, writer)
+        return _capture_sample(target, sample, cfg)
     except DurableWriteError:  # the disk, not the sample: stop (a rerun resumes)
         raise
     except Exception as e:  # noqa: BLE001 - one sample never stops a capture
@@ -187,7 +242,7 @@ def _capture_one(target, sample: Sample, cfg: CaptureConfig, writer: ShardWriter
         return BadSample(sample.index, "target error", f"{type(e).__name__}: {e}")
 
 
-def _capture_sample(target, sample: Sample, cfg: CaptureConfig, writer: ShardWriter) -> BadSample | None:
+def _capture_sample(target, sample: Sample, cfg: CaptureConfig) -> dict | BadSample:
     try:
         media = load_media(sample, cfg.num_frames)
     except ValueError as e:  # missing/corrupt media (VideoDecodeError is a ValueError)
@@ -197,12 +252,9 @@ def _capture_sample(target, sample: Sample, cfg: CaptureConfig, writer: ShardWri
     if prompt_len >= cfg.max_seq_len:
         return BadSample(sample.index, "over-long sample",
                          f"{prompt_len} prompt tokens >= max_seq_len {cfg.max_seq_len}; use fewer frames")
-    if (sample.response is None and sample.response_ids is None) or cfg.regenerate:
+    response = given_response(target, sample, cfg)
+    if response is None:
         response = target.answer(inputs, min(cfg.max_new_tokens, cfg.max_seq_len - prompt_len))
-    elif sample.response_ids is not None:  # the target's own tokens (sparrow respond)
-        response = list(sample.response_ids)
-    else:
-        response = target.response_ids(sample.response)
     if not response:
         return BadSample(sample.index, "empty response", "the target produced no tokens")
     if prompt_len + len(response) > cfg.max_seq_len:
@@ -210,21 +262,8 @@ def _capture_sample(target, sample: Sample, cfg: CaptureConfig, writer: ShardWri
                          f"{prompt_len + len(response)} tokens > max_seq_len {cfg.max_seq_len}")
     aux_layers = eagle3_layer_ids(target.num_layers) if cfg.eagle3 else ()
     token_ids, final, layer, full, aux = target.states(inputs, response, cfg.ivsb_layer, aux_layers)
-    is_visual = torch.isin(token_ids, torch.tensor(target.spec.visual_token_ids, dtype=token_ids.dtype))
-    is_visual[prompt_len:] = False  # generated tokens are text whatever their id
-    dtype = STORE_DTYPES[cfg.store_dtype]
-    tensors = {
-        "token_ids": token_ids.long(),  # [n]
-        "is_visual": is_visual,  # [n]
-        "prompt_len": torch.tensor([prompt_len]),
-        "text_hidden": final[~is_visual].to(dtype),  # [n_text, H]
-        "visual_hidden": layer[is_visual].to(dtype),  # [n_vis, H]
-    }
+    tensors = stored_tensors(cfg, target.spec.visual_token_ids, token_ids, prompt_len, final, layer, aux, aux_layers)
     if cfg.eagle_baseline:
-        tensors["visual_final"] = final[is_visual].to(dtype)  # [n_vis, H]
+        tensors["visual_final"] = final[tensors["is_visual"]].to(STORE_DTYPES[cfg.store_dtype])  # [n_vis, H]
         tensors["positions"] = target.eagle_positions(full).long()  # [n]
-    if cfg.eagle3:  # every position, visual ones included, as vLLM hands them to the draft
-        tensors["aux_hidden"] = aux.to(dtype)  # [n, A * H]
-        tensors["aux_layers"] = torch.tensor(aux_layers)  # [A]
-    writer.add(sample.index, tensors)
-    return None
+    return tensors

@@ -17,32 +17,28 @@ from ..targets import target_spec
 from .data import MediaKind
 
 
-class HFTarget:
-    def __init__(self, target_dir: str, device: str = "cpu", dtype: torch.dtype = torch.float32,
-                 attn_implementation: str | None = None) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
+class TargetInputs:
+    """A target's prompt side, shared by the transformers capture (HFTarget) and the engine's
+    (engine_target.py): its config, processor and tokenizer, the chat prompt, the processor's
+    inputs for a sample, and a dataset answer's tokens."""
+
+    def __init__(self, target_dir: str) -> None:
+        from transformers import AutoConfig, AutoProcessor, GenerationConfig
 
         cfg = AutoConfig.from_pretrained(target_dir)
         self.spec = target_spec(cfg)
         self.is_vision = bool(self.spec.visual_token_ids)
-        auto = AutoModelForImageTextToText if self.is_vision else AutoModelForCausalLM
-        kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
-        self.model = auto.from_pretrained(target_dir, dtype=dtype, **kw).to(device).eval()
         self.processor = AutoProcessor.from_pretrained(target_dir)
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
-        eos = self.model.generation_config.eos_token_id
+        try:
+            eos = GenerationConfig.from_pretrained(target_dir).eos_token_id
+        except OSError:  # no generation_config.json: the model config's
+            eos = getattr(cfg, "eos_token_id", None)
         self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        self.device = torch.device(device)
 
     @property
     def num_layers(self) -> int:
         return self.spec.num_layers
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model.get_input_embeddings()(ids)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.get_output_embeddings()(hidden)
 
     def chat_prompt(self, prompt: str, media_kind: MediaKind | None) -> str:
         """The one-turn chat text (media before the text), as vLLM's generate() takes it too."""
@@ -63,16 +59,38 @@ class HFTarget:
             return dict(self.tokenizer([text], return_tensors="pt", add_special_tokens=False))
         return dict(self.processor(text=[text], return_tensors="pt", **kw))
 
+    def response_ids(self, response: str) -> list[int]:
+        """A dataset answer as the target would have ended it (end-of-turn token appended)."""
+        return self.tokenizer(response, add_special_tokens=False)["input_ids"] + self.eos_ids[:1]
+
+
+class HFTarget(TargetInputs):
+    """The target model in transformers: its greedy answers and hidden states, one sample at a time."""
+
+    def __init__(self, target_dir: str, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                 attn_implementation: str | None = None) -> None:
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+        super().__init__(target_dir)
+        auto = AutoModelForImageTextToText if self.is_vision else AutoModelForCausalLM
+        kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        self.model = auto.from_pretrained(target_dir, dtype=dtype, **kw).to(device).eval()
+        eos = self.model.generation_config.eos_token_id
+        self.eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        self.device = torch.device(device)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.get_output_embeddings()(hidden)
+
     @torch.no_grad()
     def answer(self, inputs: dict[str, torch.Tensor], max_new_tokens: int) -> list[int]:
         """The target's own greedy answer (ends with its end-of-turn token unless cut)."""
         out = self.model.generate(**self._to_device(inputs), max_new_tokens=max_new_tokens,
                                   do_sample=False, pad_token_id=self.eos_ids[0] if self.eos_ids else 0)
         return out[0, inputs["input_ids"].shape[1]:].tolist()
-
-    def response_ids(self, response: str) -> list[int]:
-        """A dataset answer as the target would have ended it (end-of-turn token appended)."""
-        return self.tokenizer(response, add_special_tokens=False)["input_ids"] + self.eos_ids[:1]
 
     @torch.no_grad()
     def states(self, inputs: dict[str, torch.Tensor], response: list[int], layer: int,

@@ -1,0 +1,73 @@
+"""`sparrow capture --engine` runs the target in vLLM (many samples per batched, chunked prefill;
+responses written by the engine) and stores what the transformers capture stores: the same kept
+samples and skip reasons, the same token ids (prompt with placeholders expanded, then the
+response: the target's own greedy answer where the sample has none), and the same states
+(final at text positions, IVSB layer at visual ones, EAGLE-3 auxiliary layers everywhere) to
+2e-3 in float32, as the captured states are checked against what vLLM hands the proposer.
+Prefill steps of 64 tokens split samples across steps and batch several samples in one step;
+chunks of 3 samples need several engine runs."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vllm_sparrow.training.capture import CaptureConfig, capture
+from vllm_sparrow.training.shards import ShardReader
+
+ENGINE = {"dtype": "float32", "max_num_seqs": 4, "max_num_batched_tokens": 64, "enforce_eager": True}
+
+
+def _data(root, kind):
+    from vllm_sparrow.video import write_synthetic_clip
+
+    root.mkdir()
+    for i in range(3):
+        write_synthetic_clip(root / f"v{i}.mp4", 4, width=112, height=112, seed=i)
+    write_synthetic_clip(root / "long.mp4", 16, width=112, height=112, seed=9)
+    Image.fromarray(np.full((112, 112, 3), 90, np.uint8)).save(root / "im.png")
+    rows = [
+        {"video": "v0.mp4", "prompt": "describe the video"},
+        {"video": "v1.mp4", "prompt": "what moves?", "response": "a red square moves left"},
+        {"video": "missing.mp4", "prompt": "x"},
+        {"prompt": "describe the red square moving left"},
+        {"video": "v2.mp4", "prompt": "and now?", "response_ids": [40, 41, 42, 43]},
+        {"video": "long.mp4", "prompt": "too many frames for max_seq_len"},
+    ]
+    if kind == "qwen2_5_vl":
+        rows.insert(2, {"image": "im.png", "prompt": "what is in the picture"})
+    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root / "data.jsonl"
+
+
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def captures(request, workdir, target_dirs):
+    kind = request.param
+    data = _data(workdir / f"engine-capture-{kind}", kind)
+    base = dict(target=str(target_dirs(kind)), data=str(data), num_frames=16, max_new_tokens=8, max_seq_len=160,
+                store_dtype="float32", eagle3=True, shard_size=2)
+    hf = capture(CaptureConfig(out=str(data.parent / "hf"), **base), progress=False)
+    engine = capture(CaptureConfig(out=str(data.parent / "engine"), engine=True, batch=3, engine_args=ENGINE, **base),
+                     progress=False)
+    return kind, (hf, data.parent / "hf"), (engine, data.parent / "engine")
+
+
+def test_the_same_samples_are_kept_and_skipped_for_the_same_reasons(captures):
+    _, (hf, hf_dir), (engine, engine_dir) = captures
+    assert engine.kept == hf.kept >= 4 and engine.skipped == hf.skipped
+    assert set(hf.skipped) == {"missing file", "over-long sample"}
+    assert [i for _, i in ShardReader(engine_dir).where] == [i for _, i in ShardReader(hf_dir).where]
+
+
+def test_tokens_and_states_equal_the_transformers_capture(captures):
+    kind, (_, hf_dir), (_, engine_dir) = captures
+    for a, b in zip(ShardReader(hf_dir), ShardReader(engine_dir)):
+        assert a.keys() == b.keys()
+        for key in ("token_ids", "is_visual", "prompt_len", "aux_layers"):
+            assert torch.equal(a[key], b[key]), key
+        for key in ("text_hidden", "visual_hidden", "aux_hidden"):
+            torch.testing.assert_close(b[key], a[key], atol=2e-3, rtol=2e-3, msg=f"{kind} {key}")
+    video = ShardReader(engine_dir)[0]
+    assert int(video["is_visual"].sum()) > 0 and video["visual_hidden"].shape[0] == int(video["is_visual"].sum())

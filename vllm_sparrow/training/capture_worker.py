@@ -1,0 +1,114 @@
+"""The target's hidden states from inside vLLM: a worker extension (vLLM's `worker_extension_cls`
+engine argument) that records, for every request the engine prefills, what capture stores.
+
+Capture runs each sample's prompt + response through the engine as one prompt (max_tokens=1),
+so every state is computed once, batched with other samples' prefill chunks, and vLLM decodes
+and embeds the video as it does when serving. Forward hooks on the target's decoder layers
+record, per engine step:
+  final      [T, H]  the language model's final norm output: what vLLM hands a proposer
+  layer k    [T, H]  the residual stream entering decoder layer k (HF's hidden_states[k]): the
+                     output of layer k - 1 (its hidden + residual), the embeddings for k = 0, and
+                     for k = num_layers the final norm's output (HF's convention)
+The step's rows are split per request by the runner's batch layout (request ids, row offsets,
+tokens computed before the step); a request's rows are kept on the host until its prompt is
+complete, then written as one safetensors file named by the engine's request id (token ids
+[n], final [n, H], layer_<k> [n, H]) into the scratch folder capture reads. Only the first
+worker writes (with tensor parallelism every rank holds the same states).
+
+The hooks sit on modules (decoder layers, the final norm), not on the language model's forward,
+which vLLM's compile decorator calls around nn.Module hooks; and they need an eager engine:
+capture opens one with enforce_eager (captured CUDA graphs replay without Python).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..durable import atomic_save_safetensors
+
+STORE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class CaptureWorkerExtension:
+    """Mixed into vLLM's Worker by `worker_extension_cls`; called through LLM.collective_rpc."""
+
+    def sparrow_capture_on(self, layer_ids: list[int], scratch: str, store_dtype: str) -> int:
+        """Record `layer_ids` (and the final states) of every prefilled request into `scratch`.
+        Returns the target's number of decoder layers."""
+        self.sparrow_capture_off()
+        model = self.model_runner.model
+        lm = model.get_language_model() if hasattr(model, "get_language_model") else model  # multimodal or text
+        base = lm.model  # the decoder stack: .layers, .norm
+        self._sparrow_recorder = StepRecorder(self.model_runner, base, layer_ids, Path(scratch),
+                                              STORE[store_dtype], writes=self.rank == 0)
+        return len(base.layers)
+
+    def sparrow_capture_off(self) -> None:
+        recorder = getattr(self, "_sparrow_recorder", None)
+        if recorder is not None:
+            recorder.remove()
+            self._sparrow_recorder = None
+
+
+class StepRecorder:
+    def __init__(self, runner, base, layer_ids: list[int], scratch: Path, dtype: torch.dtype, writes: bool) -> None:
+        self.runner, self.scratch, self.dtype, self.writes = runner, scratch, dtype, writes
+        self.num_layers = len(base.layers)
+        self.step: dict[int, torch.Tensor] = {}  # layer id -> this step's states [T, H]
+        self.open: dict[str, dict] = {}  # request id -> {"final": [chunks], k: [chunks]}
+        self.layer_ids = sorted(set(layer_ids))
+        self.handles = [base.norm.register_forward_hook(self._on_final)]
+        for k in self.layer_ids:
+            if k == 0:  # the embeddings (vision merged) entering layer 0
+                self.handles.append(base.layers[0].register_forward_pre_hook(self._entering_first))
+            elif k < self.num_layers:
+                self.handles.append(base.layers[k - 1].register_forward_hook(self._leaving(k)))
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+    def _host(self, x: torch.Tensor) -> torch.Tensor:
+        """A host copy in the stored dtype: always a copy, since the layers after this one update
+        their inputs in place (the first layer's input becomes the residual the next norm adds to)."""
+        return x.detach().to(device="cpu", dtype=self.dtype, copy=True)
+
+    def _entering_first(self, module, args):
+        self.step[0] = self._host(args[1])  # args: (positions, hidden_states, residual)
+
+    def _leaving(self, k: int):
+        def hook(module, args, out):
+            hidden, residual = out  # the stream is their sum (the next layer's norm fuses the add, in place)
+            self.step[k] = self._host(hidden + residual)
+        return hook
+
+    def _on_final(self, module, args, out):
+        final = self._host(out[0] if isinstance(out, tuple) else out)  # [T_padded, H]
+        if self.num_layers in self.layer_ids:
+            self.step[self.num_layers] = final
+        batch = self.runner.input_batch
+        n = batch.num_reqs
+        starts = self.runner.query_start_loc.np[: n + 1].tolist()  # [B + 1] row offsets of this step
+        for i, rid in enumerate(batch.req_ids[:n]):
+            lo, hi = starts[i], starts[i + 1]
+            computed = int(batch.num_computed_tokens_cpu[i])
+            if computed == 0 or rid not in self.open:  # a new request, or one preempted and recomputed
+                self.open[rid] = {"final": [], **{k: [] for k in self.layer_ids}}
+            parts = self.open[rid]
+            parts["final"].append(final[lo:hi])
+            for k in self.layer_ids:
+                parts[k].append(self.step[k][lo:hi])
+            prompt = int(batch.num_prompt_tokens[i])
+            if computed + (hi - lo) >= prompt:  # its prompt is complete
+                self._finish(rid, parts, batch.token_ids_cpu[i, :prompt])
+        self.step = {}
+
+    def _finish(self, rid: str, parts: dict, token_ids) -> None:
+        del self.open[rid]
+        if not self.writes:
+            return
+        tensors = {"token_ids": torch.as_tensor(token_ids).long(), "final": torch.cat(parts["final"])}
+        tensors.update({f"layer_{k}": torch.cat(parts[k]) for k in self.layer_ids})
+        atomic_save_safetensors(self.scratch / f"{rid}.safetensors", tensors)

@@ -22,11 +22,21 @@ def _init_draft(args) -> int:
 
 
 def _capture(args) -> int:
+    from .batch_caption import EngineInterrupted
     from .training.capture import CaptureConfig, capture
+    from .training.shards import CaptureMismatch
 
-    report = capture(from_args(CaptureConfig, args))
+    try:
+        report = capture(from_args(CaptureConfig, args))
+    except CaptureMismatch as e:  # another capture's folder, another split, or too big for the disk
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except EngineInterrupted:  # --engine: the engine was shut down; finished shards stay
+        print("interrupted: rerun the same command to resume", file=sys.stderr)
+        return 130
     print(f"{args.out}: {report.summary()}"
-          + (f" (resumed after {report.resumed_from} done)" if report.resumed_from else ""))
+          + (f" (resumed after {report.resumed_from} done)" if report.resumed_from else "")
+          + (f"; {report.seconds:.1f} s capturing" if report.seconds else ""))
     print(f"next: sparrow train --capture {args.out} --out RUN   (RUN/draft is the plugin draft)")
     return 0
 

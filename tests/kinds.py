@@ -53,6 +53,7 @@ KINDS = {
     "test_lossless_with_chunked_prefill_and_prefix_hits": "engine",
     "test_mixed_step_benchmark": "engine",
     "test_mixed_steps_run_on_packed_rows": "engine",
+    "test_online_training_equals_training_from_a_capture": "engine",
     "test_patch_targets_exist_in_vllm_source": "engine",
     "test_plugin_installs_into_an_existing_vllm": "engine",
     "test_probe_layers_suggests_ivsb_layer": "engine",

@@ -64,7 +64,7 @@ class CaptureConfig:
                                "eagle3 draft)")
     shard: str | None = knob(None, "I/N: capture only the samples whose line index is I modulo N, into the same "
                                    "directory as the other N - 1 processes (one per GPU or machine)")
-    disk_check: bool = knob(True, "refuse to start when the estimated size exceeds the free disk",
+    disk_check: bool = knob(True, "(--no-disk-check: start even when the estimated size exceeds the free disk)",
                             flag="--no-disk-check")
     engine: bool = knob(False, "run the target in vLLM: many samples per batched prefill, responses written "
                                "by vLLM (else transformers, one sample at a time)")
@@ -148,7 +148,7 @@ def _run_hf(cfg: CaptureConfig, target, todo: list, writer: ShardWriter, progres
     bar, advance = _progress(len(todo), progress, writer)
     start = time.perf_counter()
     for row in todo:
-        _record(writer, row.index, row if isinstance(row, BadSample) else _capture_one(target, row, cfg))
+        _record(writer, row.index, row if isinstance(row, BadSample) else capture_one(target, row, cfg))
         advance(1)
     bar.close()
     return time.perf_counter() - start
@@ -161,7 +161,7 @@ def _run_engine(cfg: CaptureConfig, inputs, todo: list, writer: ShardWriter, pro
     from .engine_target import EngineTarget, engine_args, engine_chunk
 
     bar, advance = _progress(len(todo), progress, writer)
-    args = engine_args(cfg.max_seq_len, cfg.engine_args)
+    args = engine_args(cfg.max_seq_len, inputs.max_positions, cfg.engine_args)
     with engine_session(lambda: open_engine(cfg.target, args)) as llm:
         target = EngineTarget(cfg.target, llm)
         start = time.perf_counter()
@@ -230,7 +230,7 @@ def estimate_sample_bytes(cfg: CaptureConfig, target, sample: Sample) -> tuple[i
     return states * width + ids_bytes, f"sample {sample.index}: {n_vis:,} visual + {n - n_vis:,} text tokens, {said}"
 
 
-def _capture_one(target, sample: Sample, cfg: CaptureConfig) -> dict | BadSample:
+def capture_one(target, sample: Sample, cfg: CaptureConfig) -> dict | BadSample:
     """One sample's tensors, or why not: any failure of this sample (its media, the processor,
     the target) skips it with its reason; the run goes on and a rerun does not retry it."""
     try:

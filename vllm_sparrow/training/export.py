@@ -60,6 +60,9 @@ def export_run(run_dir: str | Path, out_dir: str | Path, draft_vocab: int | None
         from ..draft_vocab import count_text_tokens, save_vocab, top_tokens
         from .shards import ShardReader
 
+        if not cfg.get("capture"):  # an --online run stored no capture to count tokens in
+            raise ValueError(f"{run} trained --online: a reduced draft vocabulary counts the tokens of a "
+                             "capture; export without --draft-vocab, or capture the data and export from that")
         training = len(ShardReader(cfg["capture"])) - int(cfg.get("holdout", 0))  # held-out clips stay unseen
         counts = count_text_tokens(cfg["capture"], samples=max(training, 1))
         save_vocab(out, top_tokens(counts, draft_vocab, draft.cfg.vocab_size))

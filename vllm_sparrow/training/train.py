@@ -38,6 +38,8 @@ from .acceptance import AcceptanceEstimate
 from .depth import DepthChoice, choose_depth
 from .ivsb import VisualBridge, visual_shown
 from .recipes import recipe_for
+from .capture import CaptureConfig
+from .online import OnlineSamples
 from .shards import ShardReader
 
 log = logging.getLogger("vllm_sparrow.train")
@@ -47,8 +49,16 @@ log = logging.getLogger("vllm_sparrow.train")
 class TrainConfig:
     """`sparrow train`: every option is a field here (knobs.py)."""
 
-    capture: str = knob(help="capture directory (sparrow capture)")
     out: str = knob(help="run directory; the draft lands in OUT/draft (rerun to resume)")
+    capture: str | None = knob(None, "capture directory (sparrow capture); or --online")
+    online: bool = knob(False, "compute the target's states inside training, never stored (long videos): "
+                               "needs --target and --data; the capture options below say how")
+    target: str | None = knob(None, "target model directory (--online)")
+    data: str | None = knob(None, "JSONL of samples (--online; sparrow respond writes their responses once)")
+    num_frames: int = knob(CaptureConfig.num_frames, "frames per video (--online)", flag="--frames")
+    ivsb_layer: int | None = knob(None, "target layer of the IVSB states (--online; omit: capture's default)")
+    max_new_tokens: int = knob(CaptureConfig.max_new_tokens, "longest response the target writes (--online)")
+    max_seq_len: int = knob(CaptureConfig.max_seq_len, "longer samples are skipped (--online)")
     init: str | None = knob(None, "draft directory to start from (omit: random init for the target)")
     draft_kind: str = knob("sparrow", "sparrow, or the baselines eagle / eagle3 (vLLM's methods 'eagle' / "
                            "'eagle3'; eagle3 needs a capture made with --eagle3)",
@@ -103,14 +113,18 @@ def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     _check_config(out, cfg, rank)
-    reader = ShardReader(cfg.capture)
-    _check_capture(cfg, reader)
+    reader = _open_samples(cfg)
+    if cfg.online:
+        draft, target, bridge = _build(cfg, cfg.target, out, rank, world)
+        reader = OnlineSamples(cfg, target)  # the training's own target computes the states
+    else:
+        _check_capture(cfg, reader)
+        draft, target, bridge = _build(cfg, reader.manifest.settings["target"], out, rank, world)
     if len(reader) <= cfg.holdout:
-        raise ValueError(f"{cfg.capture} has {len(reader)} samples; need more than holdout={cfg.holdout}")
+        raise TrainingRefused(f"{cfg.capture or cfg.data} has {len(reader)} samples; need more than "
+                              f"--holdout {cfg.holdout}")
     train_idx = list(range(len(reader) - cfg.holdout))
     val_idx = list(range(len(reader) - cfg.holdout, len(reader)))
-    target_dir = reader.manifest.settings["target"]
-    draft, target, bridge = _build(cfg, target_dir, out, rank, world)
     params = [p for n, p in draft.named_parameters() if not n.startswith(("embed_tokens", "lm_head"))]
     params += list(bridge.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -329,6 +343,21 @@ class RunSettingsChanged(TrainingRefused):
     """The output directory holds a run with other settings."""
 
 
+ONLINE_SETTINGS = ("online", "target", "data", "num_frames", "ivsb_layer", "max_new_tokens", "max_seq_len")
+
+
+def _open_samples(cfg: TrainConfig) -> ShardReader | None:
+    """The capture to train from, or None with --online (which needs a target and data, and no capture)."""
+    if cfg.online:
+        if not (cfg.target and cfg.data) or cfg.capture:
+            raise TrainingRefused("--online computes the states from --target and --data: give both, and no "
+                                  "--capture")
+        return None
+    if not cfg.capture:
+        raise TrainingRefused("give --capture CAPTURE (sparrow capture), or --online --target T --data D")
+    return ShardReader(cfg.capture)
+
+
 def _check_capture(cfg: TrainConfig, reader: ShardReader) -> None:
     """A baseline trains on states only a capture made with its flag holds: refused before any
     work, not at the first sample."""
@@ -353,6 +382,8 @@ def _resumable_settings(cfg: TrainConfig) -> dict:
     # moved or copied to another folder resumes there), and the step costs, which only choose the
     # recorded depth (a finished run rerun with other costs replays and records it again).
     skip = ("steps", "val_every", "log_every", "device", "out", "draft_step_cost", "verify_token_cost")
+    if not cfg.online:  # absent from runs trained from a capture (older runs resume as they were)
+        skip += ONLINE_SETTINGS
     return {k: v for k, v in asdict(cfg).items() if k not in skip}
 
 

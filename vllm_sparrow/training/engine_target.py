@@ -30,11 +30,15 @@ class EngineStates(NamedTuple):
     layers: dict[int, torch.Tensor]  # layer id -> [n, H] the stream entering that layer
 
 
-def engine_args(max_seq_len: int, user_args: dict[str, Any] | None = None) -> dict[str, Any]:
+def engine_args(max_seq_len: int, max_positions: int | None, user_args: dict[str, Any] | None = None) -> dict[str, Any]:
     """LLM(...) arguments of a capture engine: the user's (parallelism, memory, dtype), then what
     capture needs whatever they say (eager, no prefix cache, the worker extension)."""
-    # + 1: a sample of max_seq_len tokens still leaves room for the one token a request must ask for
-    args = dict(max_model_len=max_seq_len + 1, limit_mm_per_prompt={"image": 1, "video": 1}, **(user_args or {}))
+    # + 1: a sample of max_seq_len tokens still leaves room for the one token a request must ask
+    # for; never past the model's positions (vLLM refuses that)
+    length = min(max_seq_len + 1, max_positions or max_seq_len + 1)
+    # float32 unless told otherwise: as the transformers capture and sparrow respond run the target
+    args = {"max_model_len": length, "limit_mm_per_prompt": {"image": 1, "video": 1}, "dtype": "float32",
+            **(user_args or {})}
     args.update(enforce_eager=True, enable_prefix_caching=False, worker_extension_cls=EXTENSION)
     return args
 

@@ -28,6 +28,8 @@ class TargetInputs:
         cfg = AutoConfig.from_pretrained(target_dir)
         self.spec = target_spec(cfg)
         self.is_vision = bool(self.spec.visual_token_ids)
+        text = cfg.get_text_config()
+        self.max_positions: int | None = getattr(text, "max_position_embeddings", None)
         self.processor = AutoProcessor.from_pretrained(target_dir)
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
         try:

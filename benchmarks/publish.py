@@ -48,6 +48,7 @@ RUNS = {
     "tree-replay": ("python benchmarks/tree_replay.py --lengths 512,6144,17408 --clips 4 "
                     "--out runs/published/tree-replay", 10),
     "op-count": ("python benchmarks/op_count.py --out runs/published/op-count", 2),
+    "capture-speed": ("python benchmarks/capture_speed.py --out runs/published/capture-speed", 3),
 }
 LABEL = {"sparrow": "Sparrow", "eagle": "EAGLE-1-style", "eagle3": "EAGLE-3"}
 
@@ -295,16 +296,27 @@ def mixed_step() -> str:
             f"decode-only step of the same requests: {reference}. " + _source("mixed-step"))
 
 
+def capture_speed() -> str:
+    """benchmarks/capture_speed.py: samples/s of the transformers and the engine capture on the same samples."""
+    from benchmarks.capture_speed import table
+
+    data = load("capture-speed")
+    s = data["settings"]
+    return (table(data) + f"\n{s['prompts']} prompts for each bundled clip, {s['frames']} frames, answers of up to "
+            f"{s['max_new_tokens']} tokens written by each path, float32; samples/s of the sample loop (start-up "
+            "apart). " + _source("capture-speed"))
+
+
 VIEWS = {"readme-k3": readme_k3, "readme-depth": readme_depth, "readme-cache": readme_cache,
          "readme-trees": readme_trees, "quality": quality, "ablations": ablations, "ivsb-replay": ivsb_replay,
          "batch": batch,
          "depth": depth, "k8-all": k8_all, "adaptive": adaptive, "tree-replay": tree_replay,
-         "tree-search": tree_search, "op-count": op_count, "mixed-step": mixed_step}
+         "tree-search": tree_search, "op-count": op_count, "mixed-step": mixed_step, "capture-speed": capture_speed}
 
 
 def whole_file(name: str) -> str:
     """benchmarks/results/NAME.md: the run's full table."""
-    if name in ("tree-replay", "op-count", "mixed-step"):
+    if name in ("tree-replay", "op-count", "mixed-step", "capture-speed"):
         return f"# {name}\n\n" + VIEWS[name]() + "\n"
     from sparrow_world.bench.report import table
 

@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     from sparrow_world.bench.run import environment
 
     result = {"command_line": "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])]),
-              "environment": environment(), "settings": vars(args), "rows": rows}
+              "environment": environment(), "settings": vars(args), "records": rows}
     (out / "results.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     (out / "table.md").write_text(table(result))
     print(table(result) + f"\nMeasured by `{result['command_line']}`.")
@@ -126,7 +126,7 @@ def table(result: dict) -> str:
     first = result["settings"]["batches"][0]
     lines = [f"| path | samples | samples/s | speedup | start-up s | tokens as transformers' | largest state "
              f"difference | as engine batch {first} (tokens, states) |", "|---|---|---|---|---|---|---|---|"]
-    for r in result["rows"]:
+    for r in result["records"]:
         if "speedup" not in r:
             lines.append(f"| {r['path']} | {r['samples']} | {r['samples_per_s']:.2f} | 1.0x | {r['start_s']:.0f} "
                          "| - | - | - |")

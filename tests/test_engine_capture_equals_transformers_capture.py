@@ -1,8 +1,9 @@
 """`sparrow capture --engine` runs the target in vLLM (many samples per batched, chunked prefill;
 responses written by the engine) and stores what the transformers capture stores: the same kept
 samples and skip reasons, the same token ids (prompt with placeholders expanded, then the
-response: the target's own greedy answer where the sample has none), and the same states
-(final at text positions, IVSB layer at visual ones, EAGLE-3 auxiliary layers everywhere) to
+response: the target's own greedy answer where the sample has none), the same rotary positions
+the EAGLE-style baseline reads, and the same states (final at text positions and, for that
+baseline, at visual ones; IVSB layer at visual ones; EAGLE-3 auxiliary layers everywhere) to
 2e-3 in float32, as the captured states are checked against what vLLM hands the proposer.
 Prefill steps of 64 tokens split samples across steps and batch several samples in one step;
 chunks of 3 samples need several engine runs."""
@@ -47,7 +48,7 @@ def captures(request, workdir, target_dirs):
     kind = request.param
     data = _data(workdir / f"engine-capture-{kind}", kind)
     base = dict(target=str(target_dirs(kind)), data=str(data), num_frames=16, max_new_tokens=8, max_seq_len=160,
-                store_dtype="float32", eagle3=True, shard_size=2)
+                store_dtype="float32", eagle3=True, eagle_baseline=True, shard_size=2)
     hf = capture(CaptureConfig(out=str(data.parent / "hf"), **base), progress=False)
     engine = capture(CaptureConfig(out=str(data.parent / "engine"), engine=True, batch=3, engine_args=ENGINE, **base),
                      progress=False)
@@ -65,9 +66,9 @@ def test_tokens_and_states_equal_the_transformers_capture(captures):
     kind, (_, hf_dir), (_, engine_dir) = captures
     for a, b in zip(ShardReader(hf_dir), ShardReader(engine_dir)):
         assert a.keys() == b.keys()
-        for key in ("token_ids", "is_visual", "prompt_len", "aux_layers"):
+        for key in ("token_ids", "is_visual", "prompt_len", "aux_layers", "positions"):
             assert torch.equal(a[key], b[key]), key
-        for key in ("text_hidden", "visual_hidden", "aux_hidden"):
+        for key in ("text_hidden", "visual_hidden", "aux_hidden", "visual_final"):
             torch.testing.assert_close(b[key], a[key], atol=2e-3, rtol=2e-3, msg=f"{kind} {key}")
     video = ShardReader(engine_dir)[0]
     assert int(video["is_visual"].sum()) > 0 and video["visual_hidden"].shape[0] == int(video["is_visual"].sum())

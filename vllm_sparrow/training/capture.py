@@ -97,9 +97,6 @@ class CaptureReport:
 def capture(cfg: CaptureConfig, progress: bool = True) -> CaptureReport:
     from .target_runner import HFTarget, TargetInputs
 
-    if cfg.engine and cfg.eagle_baseline:
-        raise CaptureRefused("--engine does not store the EAGLE-style baseline's positions yet: capture it "
-                             "without --engine")
     target = TargetInputs(cfg.target) if cfg.engine else HFTarget(cfg.target, device=cfg.device)
     if cfg.ivsb_layer is None:
         cfg.ivsb_layer = max(1, (2 * target.num_layers) // 3)

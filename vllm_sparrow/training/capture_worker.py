@@ -9,6 +9,8 @@ record, per engine step:
   layer k    [T, H]  the residual stream entering decoder layer k (HF's hidden_states[k]): the
                      output of layer k - 1 (its hidden + residual), the embeddings for k = 0, and
                      for k = num_layers the final norm's output (HF's convention)
+  positions  [T]     the rotary positions the layers ran with (M-RoPE: its temporal row), what
+                     vLLM hands an EAGLE draft (only when asked: the EAGLE-style baseline's capture)
 The step's rows are split per request by the runner's batch layout (request ids, row offsets,
 tokens computed before the step); a request's rows are kept on the host until its prompt is
 complete, then written as one safetensors file named by the engine's request id (token ids
@@ -34,15 +36,15 @@ STORE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.
 class CaptureWorkerExtension:
     """Mixed into vLLM's Worker by `worker_extension_cls`; called through LLM.collective_rpc."""
 
-    def sparrow_capture_on(self, layer_ids: list[int], scratch: str, store_dtype: str) -> int:
-        """Record `layer_ids` (and the final states) of every prefilled request into `scratch`.
-        Returns the target's number of decoder layers."""
+    def sparrow_capture_on(self, layer_ids: list[int], scratch: str, store_dtype: str, positions: bool = False) -> int:
+        """Record `layer_ids` (and the final states; with `positions`, the rotary positions the
+        layers ran with) of every prefilled request into `scratch`. Returns the number of layers."""
         self.sparrow_capture_off()
         model = self.model_runner.model
         lm = model.get_language_model() if hasattr(model, "get_language_model") else model  # multimodal or text
         base = lm.model  # the decoder stack: .layers, .norm
         self._sparrow_recorder = StepRecorder(self.model_runner, base, layer_ids, Path(scratch),
-                                              STORE[store_dtype], writes=self.rank == 0)
+                                              STORE[store_dtype], writes=self.rank == 0, positions=positions)
         return len(base.layers)
 
     def sparrow_capture_off(self) -> None:
@@ -53,13 +55,17 @@ class CaptureWorkerExtension:
 
 
 class StepRecorder:
-    def __init__(self, runner, base, layer_ids: list[int], scratch: Path, dtype: torch.dtype, writes: bool) -> None:
+    def __init__(self, runner, base, layer_ids: list[int], scratch: Path, dtype: torch.dtype, writes: bool,
+                 positions: bool = False) -> None:
         self.runner, self.scratch, self.dtype, self.writes = runner, scratch, dtype, writes
         self.num_layers = len(base.layers)
-        self.step: dict[int, torch.Tensor] = {}  # layer id -> this step's states [T, H]
+        self.step: dict[int | str, torch.Tensor] = {}  # layer id / "final" / "positions" -> this step's rows
         self.open: dict[str, dict] = {}  # request id -> {"final": [chunks], k: [chunks]}
         self.layer_ids = sorted(set(layer_ids))
+        self.keys = ["final", *self.layer_ids] + (["positions"] if positions else [])
         self.handles = [base.norm.register_forward_hook(self._on_final)]
+        if positions:  # what the layers rotate by: M-RoPE's temporal row, or the 1-D positions
+            self.handles.append(base.layers[0].register_forward_pre_hook(self._positions))
         for k in self.layer_ids:
             if k == 0:  # the embeddings (vision merged) entering layer 0
                 self.handles.append(base.layers[0].register_forward_pre_hook(self._entering_first))
@@ -75,6 +81,10 @@ class StepRecorder:
         their inputs in place (the first layer's input becomes the residual the next norm adds to)."""
         return x.detach().to(device="cpu", dtype=self.dtype, copy=True)
 
+    def _positions(self, module, args):
+        pos = args[0]  # [T] or, for M-RoPE, [3, T]
+        self.step["positions"] = (pos[0] if pos.dim() == 2 else pos).detach().to("cpu", torch.long, copy=True)
+
     def _entering_first(self, module, args):
         self.step[0] = self._host(args[1])  # args: (positions, hidden_states, residual)
 
@@ -86,6 +96,7 @@ class StepRecorder:
 
     def _on_final(self, module, args, out):
         final = self._host(out[0] if isinstance(out, tuple) else out)  # [T_padded, H]
+        self.step["final"] = final
         if self.num_layers in self.layer_ids:
             self.step[self.num_layers] = final
         batch = self.runner.input_batch
@@ -95,10 +106,9 @@ class StepRecorder:
             lo, hi = starts[i], starts[i + 1]
             computed = int(batch.num_computed_tokens_cpu[i])
             if computed == 0 or rid not in self.open:  # a new request, or one preempted and recomputed
-                self.open[rid] = {"final": [], **{k: [] for k in self.layer_ids}}
+                self.open[rid] = {k: [] for k in self.keys}
             parts = self.open[rid]
-            parts["final"].append(final[lo:hi])
-            for k in self.layer_ids:
+            for k in self.keys:
                 parts[k].append(self.step[k][lo:hi])
             prompt = int(batch.num_prompt_tokens[i])
             if computed + (hi - lo) >= prompt:  # its prompt is complete
@@ -109,6 +119,6 @@ class StepRecorder:
         del self.open[rid]
         if not self.writes:
             return
-        tensors = {"token_ids": torch.as_tensor(token_ids).long(), "final": torch.cat(parts["final"])}
-        tensors.update({f"layer_{k}": torch.cat(parts[k]) for k in self.layer_ids})
+        tensors = {"token_ids": torch.as_tensor(token_ids).long()}
+        tensors.update({k if isinstance(k, str) else f"layer_{k}": torch.cat(parts[k]) for k in self.keys})
         atomic_save_safetensors(self.scratch / f"{rid}.safetensors", tensors)

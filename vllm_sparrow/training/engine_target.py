@@ -28,6 +28,7 @@ class EngineStates(NamedTuple):
     token_ids: torch.Tensor  # [n] prompt (visual placeholders expanded) + response
     final: torch.Tensor  # [n, H] after the final norm
     layers: dict[int, torch.Tensor]  # layer id -> [n, H] the stream entering that layer
+    positions: torch.Tensor | None  # [n] rotary positions (M-RoPE: temporal row), when asked
 
 
 def engine_args(max_seq_len: int, max_positions: int | None, user_args: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -69,7 +70,8 @@ class EngineTarget(TargetInputs):
         outputs = generate_each(self.llm, requests, greedy_params(self.llm, max_new_tokens))
         return [o if isinstance(o, Exception) else list(o.outputs[0].token_ids) for o in outputs]
 
-    def states(self, requests: list[dict], layer_ids: list[int], store_dtype: str) -> list[EngineStates | Exception]:
+    def states(self, requests: list[dict], layer_ids: list[int], store_dtype: str,
+               positions: bool = False) -> list[EngineStates | Exception]:
         """Every request's states in one engine run, or the reason vLLM refused the request."""
         from vllm import SamplingParams
 
@@ -77,7 +79,7 @@ class EngineTarget(TargetInputs):
 
         for f in self.scratch.glob("*"):
             f.unlink()
-        self.llm.collective_rpc("sparrow_capture_on", args=(layer_ids, str(self.scratch), store_dtype))
+        self.llm.collective_rpc("sparrow_capture_on", args=(layer_ids, str(self.scratch), store_dtype, positions))
         try:
             outputs = generate_each(self.llm, requests, SamplingParams(max_tokens=1, temperature=0.0))
         finally:
@@ -90,7 +92,7 @@ class EngineTarget(TargetInputs):
             return RuntimeError("the engine wrote no states for this request")
         t = load_file(str(path))
         path.unlink()
-        return EngineStates(t["token_ids"], t["final"], {k: t[f"layer_{k}"] for k in layer_ids})
+        return EngineStates(t["token_ids"], t["final"], {k: t[f"layer_{k}"] for k in layer_ids}, t.get("positions"))
 
 
 def engine_chunk(target: EngineTarget, samples: list, cfg) -> list[dict | BadSample]:
@@ -116,15 +118,19 @@ def engine_chunk(target: EngineTarget, samples: list, cfg) -> list[dict | BadSam
     aux_layers = eagle3_layer_ids(target.num_layers) if cfg.eagle3 else ()
     layer_ids = sorted({cfg.ivsb_layer, *aux_layers})
     requests = [target.request(samples[i].prompt, samples[i].media_kind, media[i], responses[i]) for i in live]
-    for i, states in zip(live, target.states(requests, layer_ids, cfg.store_dtype)):
+    for i, states in zip(live, target.states(requests, layer_ids, cfg.store_dtype, positions=cfg.eagle_baseline)):
         s = samples[i]
         if isinstance(states, Exception):
             results[i] = refused(s, states)
             continue
         aux = torch.cat([states.layers[k] for k in aux_layers], -1) if aux_layers else None
         prompt_len = states.token_ids.shape[0] - len(responses[i])
-        results[i] = stored_tensors(cfg, target.spec.visual_token_ids, states.token_ids, prompt_len, states.final,
-                                    states.layers[cfg.ivsb_layer], aux, aux_layers)
+        tensors = stored_tensors(cfg, target.spec.visual_token_ids, states.token_ids, prompt_len, states.final,
+                                 states.layers[cfg.ivsb_layer], aux, aux_layers)
+        if cfg.eagle_baseline:  # what the EAGLE-style baseline reads: final states everywhere, positions
+            tensors["visual_final"] = states.final[tensors["is_visual"]]  # [n_vis, H]
+            tensors["positions"] = states.positions  # [n]
+        results[i] = tensors
     return results
 
 

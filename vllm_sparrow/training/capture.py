@@ -5,7 +5,9 @@ Per kept sample (see shards.py for the directory layout):
   is_visual      [n] bool       visual placeholder positions
   prompt_len     [1]            tokens before the response
   text_hidden    [n_text, H]    target final-layer states (after the final norm) at text positions
-  visual_hidden  [n_vis, H]     target layer-`ivsb_layer` states at visual positions (IVSB)
+  visual_hidden  [n_vis, H]     target layer-`ivsb_layer` states at visual positions (IVSB); with
+                                --ivsb-keep F < 1 only a share F of them, and beside it
+  visual_kept    [n_kept]       which visual positions those are (indices among the visual ones)
 with `eagle_baseline` also (for the EAGLE-style baseline draft, which reads every position):
   visual_final   [n_vis, H]     target final-layer states at visual positions
   positions      [n]            rotary positions vLLM hands a 1-D-RoPE EAGLE draft
@@ -36,7 +38,7 @@ from ..durable import DurableWriteError
 from ..fingerprint import weights_fingerprint
 from .data import BadSample, Sample, load_media, read_samples
 from .shards import CaptureMismatch, Part, ShardWriter, check_data_file, open_part
-from .stored import STORE_DTYPES, given_response, stored_tensors
+from .stored import STORE_DTYPES, given_response, ivsb_kept, stored_tensors
 from .target_runner import eagle3_layer_ids
 
 log = logging.getLogger("vllm_sparrow.capture")
@@ -62,6 +64,8 @@ class CaptureConfig:
     eagle_baseline: bool = knob(False, "also store what the EAGLE-style baseline trains on")
     eagle3: bool = knob(False, "also store the EAGLE-3 auxiliary states (the target layers vLLM hands an "
                                "eagle3 draft)")
+    ivsb_keep: float = knob(1.0, "share of a sample's visual positions whose IVSB states are stored (a random "
+                                 "set fixed by its line index): those states are most of a capture's bytes")
     shard: str | None = knob(None, "I/N: capture only the samples whose line index is I modulo N, into the same "
                                    "directory as the other N - 1 processes (one per GPU or machine)")
     disk_check: bool = knob(True, "(--no-disk-check: start even when the estimated size exceeds the free disk)",
@@ -78,6 +82,8 @@ class CaptureConfig:
         keep = ("target", "data", "ivsb_layer", "num_frames", "regenerate", "max_new_tokens",
                 "max_seq_len", "store_dtype", "eagle_baseline")
         extra = {"eagle3": True} if self.eagle3 else {}  # (absent when off: older captures resume)
+        if self.ivsb_keep < 1.0:
+            extra["ivsb_keep"] = self.ivsb_keep
         return {**{k: v for k, v in asdict(self).items() if k in keep}, **extra,
                 "target_weights": weights_fingerprint(self.target)}
 
@@ -218,12 +224,14 @@ def estimate_sample_bytes(cfg: CaptureConfig, target, sample: Sample) -> tuple[i
         response, said = cfg.max_new_tokens, "responses up to --max-new-tokens"
     n = ids.shape[0] + response
     width = target.spec.hidden_size * STORE_DTYPES[cfg.store_dtype].itemsize
-    states = (n - n_vis) + n_vis  # text states (final layer) + IVSB states (layer L)
+    kept = ivsb_kept(n_vis, cfg.ivsb_keep, sample.index)
+    n_kept = n_vis if kept is None else len(kept)
+    states = (n - n_vis) + n_kept  # text states (final layer) + IVSB states (layer L)
     states += n_vis if cfg.eagle_baseline else 0  # final states at visual positions
     aux = len(eagle3_layer_ids(target.num_layers)) if cfg.eagle3 else 0
     states += n * aux
     # token ids and is_visual per position, prompt_len, (EAGLE) positions, (EAGLE-3) layer ids
-    ids_bytes = n * (8 + 1) + 8 + (8 * n if cfg.eagle_baseline else 0) + 8 * aux
+    ids_bytes = n * (8 + 1) + 8 + (8 * n if cfg.eagle_baseline else 0) + 8 * aux + (0 if kept is None else 8 * n_kept)
     return states * width + ids_bytes, f"sample {sample.index}: {n_vis:,} visual + {n - n_vis:,} text tokens, {said}"
 
 
@@ -259,7 +267,8 @@ def _capture_sample(target, sample: Sample, cfg: CaptureConfig) -> dict | BadSam
                          f"{prompt_len + len(response)} tokens > max_seq_len {cfg.max_seq_len}")
     aux_layers = eagle3_layer_ids(target.num_layers) if cfg.eagle3 else ()
     token_ids, final, layer, full, aux = target.states(inputs, response, cfg.ivsb_layer, aux_layers)
-    tensors = stored_tensors(cfg, target.spec.visual_token_ids, token_ids, prompt_len, final, layer, aux, aux_layers)
+    tensors = stored_tensors(cfg, sample.index, target.spec.visual_token_ids, token_ids, prompt_len, final, layer, aux,
+                             aux_layers)
     if cfg.eagle_baseline:
         tensors["visual_final"] = final[tensors["is_visual"]].to(STORE_DTYPES[cfg.store_dtype])  # [n_vis, H]
         tensors["positions"] = target.eagle_positions(full).long()  # [n]

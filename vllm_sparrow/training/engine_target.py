@@ -125,7 +125,7 @@ def engine_chunk(target: EngineTarget, samples: list, cfg) -> list[dict | BadSam
             continue
         aux = torch.cat([states.layers[k] for k in aux_layers], -1) if aux_layers else None
         prompt_len = states.token_ids.shape[0] - len(responses[i])
-        tensors = stored_tensors(cfg, target.spec.visual_token_ids, states.token_ids, prompt_len, states.final,
+        tensors = stored_tensors(cfg, s.index, target.spec.visual_token_ids, states.token_ids, prompt_len, states.final,
                                  states.layers[cfg.ivsb_layer], aux, aux_layers)
         if cfg.eagle_baseline:  # what the EAGLE-style baseline reads: final states everywhere, positions
             tensors["visual_final"] = states.final[tensors["is_visual"]]  # [n_vis, H]

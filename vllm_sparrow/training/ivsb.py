@@ -9,7 +9,9 @@ is not exported.
 
 Policy (TrainConfig knobs): `ivsb` on/off; `visual_drop`, the share of samples trained with no
 visual states (IVSB dropout: the draft also trains the visual-free path it serves with);
-`visual_fraction`, the share of a shown sample's visual tokens (the paper's Table 1 ablation).
+`visual_fraction`, the share of a shown sample's visual tokens (the paper's Table 1 ablation),
+drawn each step from the states the capture kept (all of them, or the share `--ivsb-keep` stored:
+then `visual_kept` [n_kept] says which visual positions they are).
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ def visual_inputs(cfg, draft: SparrowDraftModel, bridge: VisualBridge, sample: d
         return None
     dev = next(draft.parameters()).device
     keep = pick_visual(visual_hidden.shape[0], cfg.visual_fraction, generator)
-    positions = visual_text_positions(sample["is_visual"])[keep]
+    positions = visual_text_positions(sample["is_visual"])  # [n_vis]
+    if "visual_kept" in sample:  # a capture that stored a share of the visual states (--ivsb-keep)
+        positions = positions[sample["visual_kept"]]
+    positions = positions[keep]
     k, v = visual_keys(draft, bridge, visual_hidden[keep].to(dev), positions.to(dev))
     return k, v, positions

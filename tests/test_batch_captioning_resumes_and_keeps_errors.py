@@ -199,6 +199,7 @@ def test_ctrl_c_while_the_engine_starts_ends_at_once_and_leaves_no_engine_proces
     cmd = [sys.executable, "-m", "vllm_sparrow.cli", "caption", "--target", str(target_dirs(KIND)), "--inputs",
            str(clips), "--out", str(out), "--frames", "8", "--max-tokens", "8",
            "--engine-args", json.dumps({**ENGINE_DEFAULTS, "max_model_len": 2048})]
+    env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT dumps every thread's stack (a hang is then explained)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -214,8 +215,11 @@ def test_ctrl_c_while_the_engine_starts_ends_at_once_and_leaves_no_engine_proces
         t0 = time.monotonic()
         try:
             stdout, stderr = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            pytest.fail("sparrow caption still runs 60 s after Ctrl-C during engine start-up")
+        except subprocess.TimeoutExpired:  # where it hangs: faulthandler's dump goes to vLLM's log (fd 2)
+            os.kill(proc.pid, signal.SIGABRT)
+            time.sleep(5)
+            pytest.fail("sparrow caption still runs 60 s after Ctrl-C during engine start-up; its stacks and "
+                        f"log:\n{log.read_text(errors='replace')[-6000:]}")
         ended = time.monotonic() - t0
         terminal = stdout + stderr
         assert proc.returncode == 130, terminal[-3000:]

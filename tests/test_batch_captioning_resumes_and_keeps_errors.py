@@ -196,9 +196,13 @@ def test_ctrl_c_while_the_engine_starts_ends_at_once_and_leaves_no_engine_proces
     out, log = tmp_path / "out.jsonl", tmp_path / "out.jsonl.vllm.log"
     env = {k: v for k, v in os.environ.items()
            if k not in ("VLLM_ENABLE_V1_MULTIPROCESSING", "SPARROW_KILL_AT_WRITE", "SPARROW_PARENT_PID")}
-    cmd = [sys.executable, "-m", "vllm_sparrow.cli", "caption", "--target", str(target_dirs(KIND)), "--inputs",
-           str(clips), "--out", str(out), "--frames", "8", "--max-tokens", "8",
-           "--engine-args", json.dumps({**ENGINE_DEFAULTS, "max_model_len": 2048})]
+    args = ["caption", "--target", str(target_dirs(KIND)), "--inputs", str(clips), "--out", str(out), "--frames", "8",
+            "--max-tokens", "8", "--engine-args", json.dumps({**ENGINE_DEFAULTS, "max_model_len": 2048})]
+    # As a terminal starts it: Ctrl-C at Python's default. A suite run as a shell's background job
+    # inherits SIGINT ignored (POSIX, without job control), and Python keeps it ignored: the command
+    # would then rightly ignore Ctrl-C, as a nohup'd one does (what made this test hang in such runs).
+    cmd = [sys.executable, "-c", "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+           f"sys.argv = ['sparrow'] + {args!r}; runpy.run_module('vllm_sparrow.cli', run_name='__main__')"]
     env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT dumps every thread's stack (a hang is then explained)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

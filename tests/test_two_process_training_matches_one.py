@@ -115,12 +115,14 @@ def _relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / a.abs().max().clamp_min(1e-30)).item()
 
 
-def test_two_ranks_with_batch_one_resumed_equal_one_rank_with_batch_two_bit_for_bit(runs):
-    """Also the resume: the 2-rank run stopped after step 3 and was run on to step 6."""
+def test_two_ranks_with_batch_one_resumed_equal_one_rank_with_batch_two_to_float_rounding(runs):
+    """Also the resume: the 2-rank run stopped after step 3 and was run on to step 6. Bit for bit on
+    the machine it was written on; a fresh clone's CPU kernels differed by 6e-8 relative, so the
+    bound is 1e-6 (gradients summed instead of averaged are off by 3.0 in the moments)."""
     one, two = _state(runs["one-x2"]), _state(runs["two-x1"])
     assert one.keys() == two.keys()
     for key in one:
-        assert torch.equal(one[key], two[key]), (key, _relative_difference(one[key], two[key]))
+        assert _relative_difference(one[key], two[key]) <= 1e-6, key
 
 
 def test_two_ranks_with_batch_two_equal_one_rank_with_batch_four_up_to_summation_order(runs):

@@ -166,7 +166,7 @@ def _run_engine(cfg: CaptureConfig, inputs, todo: list, writer: ShardWriter, pro
     bar, advance = _progress(len(todo), progress, writer)
     args = engine_args(cfg.max_seq_len, inputs.max_positions, cfg.engine_args)
     with engine_session(lambda: open_engine(cfg.target, args)) as llm:
-        target = EngineTarget(cfg.target, llm)
+        target = EngineTarget(cfg.target, llm, inputs)
         start = time.perf_counter()
         try:
             for lo in range(0, len(todo), cfg.batch):

@@ -45,8 +45,11 @@ def engine_args(max_seq_len: int, max_positions: int | None, user_args: dict[str
 
 
 class EngineTarget(TargetInputs):
-    def __init__(self, target_dir: str, llm) -> None:
-        super().__init__(target_dir)
+    def __init__(self, target_dir: str, llm, inputs: TargetInputs | None = None) -> None:
+        if inputs is None:
+            super().__init__(target_dir)
+        else:  # the prompt side capture loaded already (its processor): not loaded twice
+            self.__dict__.update(vars(inputs))
         self.llm = llm  # opened with engine_args()
         self.scratch = Path(tempfile.mkdtemp(prefix="sparrow-capture-"))
 

@@ -36,7 +36,7 @@ setup:
 	bash tools/setup_env.sh
 
 test: setup
-	$(RUN_ENV) $(PY) -m pytest -x -q $(TESTS) $(PYTEST_ARGS)
+	$(RUN_ENV) $(PY) -m pytest -x -q --durations=25 $(TESTS) $(PYTEST_ARGS)
 
 test-fast: setup
 	$(RUN_ENV) $(PY) -m pytest -x -q -m fast $(TESTS) $(PYTEST_ARGS)

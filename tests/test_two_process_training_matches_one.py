@@ -4,9 +4,10 @@ the same IVSB subsets and dropouts for them (from the seed and each sample's pla
 not from a generator the other rank advances) and step with the mean gradient.
 
 Equivalence pinned here:
-  - b = 1: 2 ranks x 1 == 1 rank x 2 bit for bit (weights and AdamW moments). Halving a gradient
-    is exact in floating point and a 2-way all-reduce adds the same two numbers one process adds,
-    so nothing is left to round differently.
+  - b = 1: 2 ranks x 1 == 1 rank x 2 up to float rounding (weights and AdamW moments): halving a
+    gradient is exact and a 2-way all-reduce adds the same two numbers, but one process computes
+    both samples' gradient in one backward, so its kernels may round differently (bit for bit on
+    the machine this was written on, 6e-8 and 1.7e-6 relative on two CI machines): see REL.
   - b = 2: 2 ranks x 2 vs 1 rank x 4 differ only in the order four gradients are summed
     ((g0+g2)+(g1+g3) against ((g0+g1)+g2)+g3), float32 rounding, carried through AdamW: see REL.
   - log.jsonl (rank 0 writes it) holds the loss and top-1 over both ranks' samples, equal to the
@@ -34,7 +35,7 @@ STEPS = 6
 # 5e-6 elsewhere. 1e-3 leaves room for other CPUs' kernels; the errors this guards against are far
 # larger: summing the ranks' gradients instead of averaging them gives 3.0 here (second moments
 # 4x; the weights move by only ~1e-5, AdamW being blind to a gradient's scale, hence the moments).
-REL = 1e-3
+REL = 1e-3  # both pairs
 
 
 @pytest.fixture(scope="module")
@@ -116,13 +117,12 @@ def _relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_two_ranks_with_batch_one_resumed_equal_one_rank_with_batch_two_to_float_rounding(runs):
-    """Also the resume: the 2-rank run stopped after step 3 and was run on to step 6. Bit for bit on
-    the machine it was written on; a fresh clone's CPU kernels differed by 6e-8 relative, so the
-    bound is 1e-6 (gradients summed instead of averaged are off by 3.0 in the moments)."""
+    """Also the resume: the 2-rank run stopped after step 3 and was run on to step 6."""
     one, two = _state(runs["one-x2"]), _state(runs["two-x1"])
     assert one.keys() == two.keys()
-    for key in one:
-        assert _relative_difference(one[key], two[key]) <= 1e-6, key
+    worst = {key: _relative_difference(one[key], two[key]) for key in one}
+    print("largest relative differences", sorted(worst.items(), key=lambda kv: -kv[1])[:5])
+    assert max(worst.values()) < REL, worst
 
 
 def test_two_ranks_with_batch_two_equal_one_rank_with_batch_four_up_to_summation_order(runs):
@@ -138,7 +138,7 @@ def test_the_log_holds_the_loss_over_both_ranks(runs):
         a, b = _logged(runs[one]), _logged(runs[two])
         assert [r["step"] for r in a] == [r["step"] for r in b] == [3, 6], "resumed at 3, row 6 once"
         for ra, rb in zip(a, b):
-            assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-6), (one, two)
+            assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5), (one, two)
             assert rb["top1"] == ra["top1"], (one, two)
 
 

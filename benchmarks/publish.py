@@ -49,6 +49,7 @@ RUNS = {
                     "--out runs/published/tree-replay", 10),
     "op-count": ("python benchmarks/op_count.py --out runs/published/op-count", 2),
     "capture-speed": ("python benchmarks/capture_speed.py --out runs/published/capture-speed", 3),
+    "ivsb-keep": ("python benchmarks/ivsb_keep.py --out runs/published/ivsb-keep", 30),
 }
 LABEL = {"sparrow": "Sparrow", "eagle": "EAGLE-1-style", "eagle3": "EAGLE-3"}
 
@@ -307,16 +308,29 @@ def capture_speed() -> str:
             "apart). " + _source("capture-speed"))
 
 
+def ivsb_keep() -> str:
+    """benchmarks/ivsb_keep.py: held-out acceptance of drafts trained from captures keeping a share of IVSB states."""
+    from benchmarks.ivsb_keep import table
+
+    data = load("ivsb-keep")
+    s = data["settings"]
+    clips = ", ".join(f"{n} clips of {sec} s" for sec, n in s["recipe"]["clips"].items())
+    return (table(data) + f"\nThe demo build's draft data ({clips}; the last {s['recipe']['train']['holdout']} held out), "
+            f"engine capture, bf16 states; the demo Sparrow recipe ({s['recipe']['train']['steps']} steps), replay at "
+            f"K = {s['k']}. " + _source("ivsb-keep"))
+
+
 VIEWS = {"readme-k3": readme_k3, "readme-depth": readme_depth, "readme-cache": readme_cache,
          "readme-trees": readme_trees, "quality": quality, "ablations": ablations, "ivsb-replay": ivsb_replay,
          "batch": batch,
          "depth": depth, "k8-all": k8_all, "adaptive": adaptive, "tree-replay": tree_replay,
-         "tree-search": tree_search, "op-count": op_count, "mixed-step": mixed_step, "capture-speed": capture_speed}
+         "tree-search": tree_search, "op-count": op_count, "mixed-step": mixed_step, "capture-speed": capture_speed,
+         "ivsb-keep": ivsb_keep}
 
 
 def whole_file(name: str) -> str:
     """benchmarks/results/NAME.md: the run's full table."""
-    if name in ("tree-replay", "op-count", "mixed-step", "capture-speed"):
+    if name in ("tree-replay", "op-count", "mixed-step", "capture-speed", "ivsb-keep"):
         return f"# {name}\n\n" + VIEWS[name]() + "\n"
     from sparrow_world.bench.report import table
 

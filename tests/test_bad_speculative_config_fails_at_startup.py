@@ -129,3 +129,16 @@ def test_a_depth_past_eight_is_refused_naming_the_recommended_one(qwen, tmp_path
     with pytest.raises(Exception, match=r"drafts 1 to 8 tokens per step, (50|9) was asked\. Leave "
                                         r"num_speculative_tokens out to use the draft's recommended depth \(3"):
         make_llm(qwen, speculative_config={"method": "sparrow", "model": str(draft), **spec})
+
+
+def test_model_runner_v2_forced_by_its_variable_is_refused_naming_it(qwen, tmp_path, monkeypatch):
+    """VLLM_USE_V2_MODEL_RUNNER=1 bypasses the fallback that keeps sparrow on the V1 runner; MRV2
+    would build vLLM's own EAGLE speculator for the Sparrow draft (docs/model-runner-v2.md)."""
+    from vllm import envs
+
+    draft = init_draft(qwen, tmp_path / "d")
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    envs.disable_envs_cache()  # an engine started earlier in this process may have cached the variable
+    with pytest.raises(Exception, match=r"VLLM_USE_V2_MODEL_RUNNER=1 forces Model Runner V2: unset "
+                                        r"VLLM_USE_V2_MODEL_RUNNER \(or set it to 0\)"):
+        make_llm(qwen, speculative_config=_spec(draft))

@@ -129,6 +129,21 @@ def _assigned_names(node: ast.stmt) -> list[str]:
     return names
 
 
+def _membership_keys(fn: ast.FunctionDef, tree: ast.Module) -> set:
+    """The literal keys of the module-level dicts a module `__getattr__` tests its argument's
+    membership in (vllm.envs: `if name in environment_variables: return environment_variables[name]()`)."""
+    arg = fn.args.args[0].arg if fn.args.args else None
+    tables = {c.id for node in ast.walk(fn) if isinstance(node, ast.Compare)
+              and isinstance(node.left, ast.Name) and node.left.id == arg and isinstance(node.ops[0], ast.In)
+              for c in node.comparators if isinstance(c, ast.Name)}
+    keys = set()
+    for node in _statements(tree.body):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict) \
+                and tables & set(_assigned_names(node)):
+            keys |= {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+    return keys
+
+
 def _compares_name(fn: ast.FunctionDef, name: str) -> bool:
     """Whether a module `__getattr__` tests its argument against the literal `name`."""
     for node in ast.walk(fn):
@@ -244,6 +259,8 @@ class Resolver:
                     if where.startswith("."):
                         where = (module if self.tree.is_package(module) else module.rsplit(".", 1)[0]) + where
                     return self.module_name(where, attr or name, seen) if attr else Found("module", where)
+        if name in _membership_keys(getattr_fn, tree):  # `if name in environment_variables: ...`
+            return Found("value", module)
         return None
 
     # -- attributes of what a name resolved to --

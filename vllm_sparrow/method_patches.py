@@ -47,6 +47,7 @@ def _wrap_post_init(original: Callable) -> Callable:
         from .checkpoint import check_depth, validate_draft_for_target
         from .config import DraftConfigError
 
+        _refuse_model_runner_v2()
         pp = getattr(self.target_parallel_config, "pipeline_parallel_size", 1)
         if pp > 1:
             # vLLM shares the target's embedding and LM head with the draft on the last PP rank
@@ -68,6 +69,20 @@ def _wrap_post_init(original: Callable) -> Callable:
             self.method = METHOD
 
     return __post_init__
+
+
+def _refuse_model_runner_v2() -> None:
+    """VLLM_USE_V2_MODEL_RUNNER=1 skips the unsupported-features list that keeps sparrow on the V1
+    runner (row v2-runner-fallback): MRV2 would then build vLLM's own EAGLE speculator for the
+    Sparrow draft, which cannot load it (docs/model-runner-v2.md)."""
+    from vllm import envs
+
+    from .config import DraftConfigError
+
+    if envs.VLLM_USE_V2_MODEL_RUNNER:
+        raise DraftConfigError("the sparrow method runs on vLLM's V1 model runner, but VLLM_USE_V2_MODEL_RUNNER=1 "
+                               "forces Model Runner V2: unset VLLM_USE_V2_MODEL_RUNNER (or set it to 0) to serve "
+                               "with sparrow")
 
 
 def _wrap_use_eagle(original: Callable) -> Callable:
@@ -183,6 +198,8 @@ ROWS: tuple[Declared | Read, ...] = (
     Read(f"{_SPEC}.num_speculative_tokens_per_batch_size", "speculative-post-init",
          "per-batch-size depths, checked against the draft's trained depth (read with getattr: absent is none)",
          "field", required=False),
+    Read("vllm.envs.VLLM_USE_V2_MODEL_RUNNER", "speculative-post-init",
+         "set to 1 it forces Model Runner V2, where Sparrow does not run: refused with what to do", "class"),
     Declared("use-eagle", f"{_SPEC}.use_eagle", "sparrow", "any",
              "True for sparrow: hidden states reach the drafter, lookahead slots, drafter wiring",
              _patch_speculative_config),

@@ -48,7 +48,7 @@ RUNS = {
     "tree-replay": ("python benchmarks/tree_replay.py --lengths 512,6144,17408 --clips 4 "
                     "--out runs/published/tree-replay", 10),
     "op-count": ("python benchmarks/op_count.py --out runs/published/op-count", 2),
-    "capture-speed": ("python benchmarks/capture_speed.py --out runs/published/capture-speed", 3),
+    "capture-speed": ("python benchmarks/capture_speed.py --batches 1,8,16 --out runs/published/capture-speed", 4),
     "ivsb-keep": ("python benchmarks/ivsb_keep.py --out runs/published/ivsb-keep", 30),
 }
 LABEL = {"sparrow": "Sparrow", "eagle": "EAGLE-1-style", "eagle3": "EAGLE-3"}

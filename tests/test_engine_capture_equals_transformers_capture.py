@@ -6,7 +6,7 @@ the EAGLE-style baseline reads, and the same states (final at text positions and
 baseline, at visual ones; IVSB layer at visual ones; EAGLE-3 auxiliary layers everywhere) to
 2e-3 in float32, as the captured states are checked against what vLLM hands the proposer.
 Prefill steps of 64 tokens split samples across steps and batch several samples in one step;
-chunks of 3 samples need several engine runs. An engine capture killed with SIGKILL while writing
+chunks of 3 samples need several engine runs, and two prompts on one clip share its decoded frames. An engine capture killed with SIGKILL while writing
 a shard takes its engine processes with it and resumes to the uninterrupted capture."""
 
 import json
@@ -40,6 +40,7 @@ def _data(root, kind):
     Image.fromarray(np.full((112, 112, 3), 90, np.uint8)).save(root / "im.png")
     rows = [
         {"video": "v0.mp4", "prompt": "describe the video"},
+        {"video": "v0.mp4", "prompt": "what colour is the square?"},  # one decode for both, in one chunk
         {"video": "v1.mp4", "prompt": "what moves?", "response": "a red square moves left"},
         {"video": "missing.mp4", "prompt": "x"},
         {"prompt": "describe the red square moving left"},
@@ -130,7 +131,7 @@ def test_a_killed_engine_capture_leaves_no_engine_and_resumes_to_the_same_captur
                                    max_new_tokens=8, max_seq_len=160, store_dtype="float32", eagle3=True,
                                    eagle_baseline=True, shard_size=2, engine=True, batch=3, engine_args=ENGINE),
                      progress=False)  # the rerun (in process: no second interpreter to start)
-    assert report.resumed_from == 3  # shard 0 (lines 0, 1) and line 3, skipped before the kill (missing file)
+    assert report.resumed_from == 2  # shard 0 (lines 0, 1); the killed write came before line 4 was judged
     resumed, whole = ShardReader(out), ShardReader(engine_dir)
     assert [i for _, i in resumed.where] == [i for _, i in whole.where]  # every sample once, in order
     for a, b in zip(whole, resumed):

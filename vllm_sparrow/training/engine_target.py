@@ -105,12 +105,19 @@ def engine_chunk(target: EngineTarget, samples: list, cfg) -> list[dict | BadSam
 
     results: list[dict | BadSample | None] = [s if isinstance(s, BadSample) else None for s in samples]
     media: dict[int, Any] = {}
+    decoded: dict[tuple, Any] = {}  # (kind, path) -> media or why not: several prompts of one clip decode it once
     for i, s in enumerate(samples):
         if results[i] is None:
-            try:
-                media[i] = load_media(s, cfg.num_frames)
-            except ValueError as e:  # missing/corrupt media (VideoDecodeError is a ValueError)
-                results[i] = BadSample(s.index, "undecodable media", str(e))
+            key = (s.media_kind, s.media_path)
+            if key not in decoded:
+                try:
+                    decoded[key] = load_media(s, cfg.num_frames)
+                except ValueError as e:  # missing/corrupt media (VideoDecodeError is a ValueError)
+                    decoded[key] = e
+            if isinstance(decoded[key], ValueError):
+                results[i] = BadSample(s.index, "undecodable media", str(decoded[key]))
+            else:
+                media[i] = decoded[key]
     live = [i for i in range(len(samples)) if results[i] is None]
     responses = {i: given_response(target, samples[i], cfg) for i in live}
     asked = [i for i in live if responses[i] is None]

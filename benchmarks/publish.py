@@ -49,7 +49,7 @@ RUNS = {
                     "--out runs/published/tree-replay", 10),
     "op-count": ("python benchmarks/op_count.py --out runs/published/op-count", 2),
     "capture-speed": ("python benchmarks/capture_speed.py --batches 1,8,16 --out runs/published/capture-speed", 4),
-    "ivsb-keep": ("python benchmarks/ivsb_keep.py --out runs/published/ivsb-keep", 30),
+    "ivsb-keep": ("python benchmarks/ivsb_keep.py --out runs/published/ivsb-keep", 15),
 }
 LABEL = {"sparrow": "Sparrow", "eagle": "EAGLE-1-style", "eagle3": "EAGLE-3"}
 

@@ -48,12 +48,10 @@ def parse_args(argv):
 
 def recipe(args) -> dict:
     """The demo build's Sparrow recipe (its clips and training knobs), smaller under --quick."""
-    from sparrow_world.demo.build import DemoBuildConfig
+    from sparrow_world.demo.build import DemoBuildConfig, draft_knobs
 
     b = DemoBuildConfig()
-    knobs = dict(draft_kind="sparrow", steps=b.draft_steps, lr=b.draft_lr, warmup_steps=100, mtp_steps=b.mtp_steps,
-                 speculative_tokens=args.k, window_tokens=b.window_tokens, anchor_tokens=b.anchor_tokens,
-                 holdout=b.holdout, save_every=250, visual_drop=b.visual_drop)
+    knobs = {**draft_knobs(b, "sparrow"), "speculative_tokens": args.k}  # the replay's depth
     clips = b.draft_clips
     if args.quick:
         knobs |= dict(steps=10, warmup_steps=2, holdout=2, save_every=5)

@@ -147,14 +147,18 @@ def _capture(target: Path, data: Path, out: Path) -> Path:
     return out, report.summary()
 
 
+def draft_knobs(cfg: DemoBuildConfig, kind: str) -> dict:
+    """The TrainConfig settings the build trains a draft of `kind` with (benchmarks retrain with them)."""
+    return dict(draft_kind=kind, steps=cfg.draft_steps, lr=cfg.draft_lr, warmup_steps=100,
+                mtp_steps=cfg.mtp_steps, speculative_tokens=cfg.speculative_tokens,
+                window_tokens=cfg.window_tokens, anchor_tokens=cfg.anchor_tokens, holdout=cfg.holdout, save_every=250,
+                visual_drop=cfg.visual_drop if kind == "sparrow" else 0.0)
+
+
 def _train_draft(cfg: DemoBuildConfig, kind: str, capture_dir: Path, run: Path, dest: Path, **change):
     from vllm_sparrow.training.train import TrainConfig, settings_changed, train
 
-    knobs = dict(draft_kind=kind, steps=cfg.draft_steps, lr=cfg.draft_lr, warmup_steps=100,
-                 mtp_steps=cfg.mtp_steps, speculative_tokens=cfg.speculative_tokens,
-                 window_tokens=cfg.window_tokens, anchor_tokens=cfg.anchor_tokens, holdout=cfg.holdout, save_every=250,
-                 visual_drop=cfg.visual_drop if kind == "sparrow" else 0.0)
-    train_cfg = TrainConfig(capture=str(capture_dir), out=str(run), **{**knobs, **change})
+    train_cfg = TrainConfig(capture=str(capture_dir), out=str(run), **{**draft_knobs(cfg, kind), **change})
     changed = settings_changed(run, train_cfg)
     if changed:  # the build's recipe changed since that run: redo it rather than refuse
         print(f"{run} was trained with other settings ({', '.join(changed)}): training it again", flush=True)

@@ -6,8 +6,9 @@ the EAGLE-style baseline reads, and the same states (final at text positions and
 baseline, at visual ones; IVSB layer at visual ones; EAGLE-3 auxiliary layers everywhere) to
 2e-3 in float32, as the captured states are checked against what vLLM hands the proposer.
 Prefill steps of 64 tokens split samples across steps and batch several samples in one step;
-chunks of 3 samples need several engine runs, and two prompts on one clip share its decoded frames. An engine capture killed with SIGKILL while writing
-a shard takes its engine processes with it and resumes to the uninterrupted capture."""
+chunks of 3 samples need several engine runs, and two prompts on one clip share its decoded
+frames. An engine capture killed with SIGKILL while writing a shard takes its engine processes
+with it and resumes to the uninterrupted capture."""
 
 import json
 import os
@@ -17,9 +18,8 @@ import sys
 import time
 import uuid
 
-import psutil
-
 import numpy as np
+import psutil
 import pytest
 import torch
 from PIL import Image

@@ -104,20 +104,7 @@ def engine_chunk(target: EngineTarget, samples: list, cfg) -> list[dict | BadSam
     from .stored import given_response, stored_tensors
 
     results: list[dict | BadSample | None] = [s if isinstance(s, BadSample) else None for s in samples]
-    media: dict[int, Any] = {}
-    decoded: dict[tuple, Any] = {}  # (kind, path) -> media or why not: several prompts of one clip decode it once
-    for i, s in enumerate(samples):
-        if results[i] is None:
-            key = (s.media_kind, s.media_path)
-            if key not in decoded:
-                try:
-                    decoded[key] = load_media(s, cfg.num_frames)
-                except ValueError as e:  # missing/corrupt media (VideoDecodeError is a ValueError)
-                    decoded[key] = e
-            if isinstance(decoded[key], ValueError):
-                results[i] = BadSample(s.index, "undecodable media", str(decoded[key]))
-            else:
-                media[i] = decoded[key]
+    media = _decode_once(samples, results, cfg.num_frames)
     live = [i for i in range(len(samples)) if results[i] is None]
     responses = {i: given_response(target, samples[i], cfg) for i in live}
     asked = [i for i in live if responses[i] is None]
@@ -142,6 +129,27 @@ def engine_chunk(target: EngineTarget, samples: list, cfg) -> list[dict | BadSam
             tensors["positions"] = states.positions  # [n]
         results[i] = tensors
     return results
+
+
+def _decode_once(samples: list, results: list, num_frames: int) -> dict[int, Any]:
+    """Decoded media by sample position, each file decoded once however many samples ask about it
+    (datasets hold several questions per video); an undecodable file marks its samples bad."""
+    decoded: dict[tuple, Any] = {}  # (kind, path) -> media, or the error decoding it raised
+    media: dict[int, Any] = {}
+    for i, s in enumerate(samples):
+        if results[i] is not None:
+            continue
+        key = (s.media_kind, s.media_path)
+        if key not in decoded:
+            try:
+                decoded[key] = load_media(s, num_frames)
+            except ValueError as e:  # missing/corrupt media (VideoDecodeError is a ValueError)
+                decoded[key] = e
+        if isinstance(decoded[key], ValueError):
+            results[i] = BadSample(s.index, "undecodable media", str(decoded[key]))
+        else:
+            media[i] = decoded[key]
+    return media
 
 
 def refused(sample, error: Exception) -> BadSample:

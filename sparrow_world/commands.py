@@ -15,9 +15,12 @@ def _demo(args) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from .demo import run_demo
+    from .demo.build import DemoBuildConfig, hard_world
     from .paths import in_checkout
 
-    args.models = in_checkout(args.models)  # the shipped models, from any folder
+    world = hard_world() if args.world == "hard" else DemoBuildConfig()
+    args.models = in_checkout(args.models or world.out)  # the shipped models, from any folder
+    args.workdir = args.workdir or world.work
     if args.action == "samples":
         run_demo.write_samples()
         print(f"wrote {run_demo.SAMPLES}")
@@ -28,15 +31,15 @@ def _demo(args) -> int:
         print(f"wrote {write_card(Path(args.models), Path(args.workdir), Path(args.bench) if args.bench else None)}")
         return 0
     if args.action == "build":
-        from .demo.build import DemoBuildConfig, build
-        from .demo.train_target import TargetTrainConfig
+        from .demo.build import build
 
-        target = TargetTrainConfig()
+        cfg = world
+        cfg.out, cfg.work = str(args.models), args.workdir
+        target = cfg.target
         if args.target_minutes is not None:
             target.minutes = args.target_minutes
         if args.extension_minutes is not None:
             target.extension = replace(target.extension, minutes=args.extension_minutes)
-        cfg = DemoBuildConfig(out=args.models, work=args.workdir, target=target)
         for name, path in build(cfg).items():
             print(f"{name}: {path}")
         return 0
@@ -80,8 +83,13 @@ def add_demo(sub) -> None:
                    help="run: caption the bundled clips without and with sparrow (default); build: retrain the "
                         "demo models from scratch; samples: rewrite the bundled clips; card: write the model card")
     d.add_argument("--bench", default=None, help="card: benchmark folder whose results go into the card")
-    d.add_argument("--models", default="models/world", help="demo model folder (target, sparrow, eagle)")
-    d.add_argument("--workdir", default="runs/world-build", help="build: intermediate files (resumable)")
+    d.add_argument("--world", default="easy", choices=("easy", "hard"),
+                   help="easy: the one-template world of models/world; hard: captions with real choice "
+                        "(models/world-hard)")
+    d.add_argument("--models", default=None, help="demo model folder (target, sparrow, eagle; default: the "
+                                                  "world's, models/world or models/world-hard)")
+    d.add_argument("--workdir", default=None, help="build: intermediate files, resumable (default: "
+                                                   "runs/world-build or runs/world-hard-build)")
     d.add_argument("--target-minutes", type=float, default=None,
                    help="build: the target's main training stage, minutes (default: TargetTrainConfig's)")
     d.add_argument("--extension-minutes", type=float, default=None,

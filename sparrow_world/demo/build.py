@@ -1,6 +1,7 @@
 """`sparrow demo build`: regenerate the shipped demo models in one command.
 
     sparrow demo build --models models/world       # ~1.5 h on a 2-core CPU, every stage resumable
+    sparrow demo build --world hard                # the hard world (models/world-hard), issue 29
 
 Stages (each skipped or resumed when its output is already there; a target whose weights
 changed makes stages 3-4 start over):
@@ -24,7 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from vllm_sparrow.durable import atomic_write_json, atomic_write_text, read_jsonl
-from .train_target import TargetTrainConfig, train_target
+from ..world.languages import language
+from .train_target import Extension, TargetTrainConfig, train_target
 
 DRAFT_SEED0 = 20_000_000  # drafts' training clips; target eval uses 10M+, benchmarks 30M+
 PROMPT_TEXT = "describe the video ."
@@ -34,7 +36,13 @@ PROMPT_TEXT = "describe the video ."
 class DemoBuildConfig:
     out: str = "models/world"
     work: str = "runs/world-build"
+    world: str = "easy"  # sparrow_world/world/languages.py
     target: TargetTrainConfig = field(default_factory=TargetTrainConfig)
+    caption_tokens: int = 320  # the capture's longest caption
+    # how the capture runs the target: the shipped easy-world drafts came from a transformers
+    # capture in float32; the hard world's from the engine in bf16, the path users take
+    capture_engine: bool = False
+    capture_dtype: str = "float32"
     draft_clips: dict[int, int] = field(default_factory=lambda: {16: 128, 32: 48})  # seconds -> clips
     draft_steps: int = 1500
     draft_lr: float = 1e-3
@@ -54,6 +62,17 @@ class DemoBuildConfig:
         "ivsb-all": {"visual_drop": 0.0}})
 
 
+def hard_world(**change) -> DemoBuildConfig:
+    """The hard world's build: a 6-layer target (twice the easy one's depth, against a 1-layer
+    draft) that starts from the easy target's trained vision tower, as real VLMs start from a
+    pretrained vision encoder, and learns the hard captions (longer: up to ~500 tokens)."""
+    target = TargetTrainConfig(world="hard", num_layers=6, vision_from="models/world/target", minutes=45.0,
+                               extension=Extension(minutes=20.0))
+    return DemoBuildConfig(**{**dict(out="models/world-hard", work="runs/world-hard-build", world="hard",
+                                     target=target, caption_tokens=640, capture_engine=True,
+                                     capture_dtype="bfloat16"), **change})
+
+
 def build(cfg: DemoBuildConfig) -> dict[str, Path]:
     out, work = Path(cfg.out), Path(cfg.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -63,10 +82,10 @@ def build(cfg: DemoBuildConfig) -> dict[str, Path]:
     record["seconds"]["target (training wall clock)"] = _target_seconds(work / "target")
     _forget_work_of_other_targets(work, target)
     print(f"[2/4] clips -> {work / 'clips'}", flush=True)
-    data = write_clips(work / "clips", cfg.draft_clips)
+    data = write_clips(work / "clips", cfg.draft_clips, prompt=language(cfg.world).prompt)
     t = time.perf_counter()
     print(f"[3/4] capture -> {work / 'capture'}", flush=True)
-    capture_dir, record["capture"] = _capture(target, data, work / "capture")
+    capture_dir, record["capture"] = _capture(cfg, target, data, work / "capture")
     record["seconds"]["capture"] = _stage_seconds(capture_dir, t)
     drafts = {}
     for kind in ("sparrow", "eagle", "eagle3"):
@@ -117,7 +136,7 @@ def _forget_work_of_other_targets(work: Path, target: Path) -> None:
         shutil.rmtree(path)
 
 
-def write_clips(folder: Path, clips: dict[int, int], seed0: int = DRAFT_SEED0) -> Path:
+def write_clips(folder: Path, clips: dict[int, int], seed0: int = DRAFT_SEED0, prompt: str = PROMPT_TEXT) -> Path:
     """mp4 clips of the world plus a flat data.jsonl (no responses: the target writes them)."""
     from ..world import WorldConfig, sample_scene, write_scene
 
@@ -129,20 +148,20 @@ def write_clips(folder: Path, clips: dict[int, int], seed0: int = DRAFT_SEED0) -
             if not (folder / name).exists():
                 write_scene(sample_scene(seed, WorldConfig(duration_s=seconds)), folder / f"{name}.tmp.mp4")
                 (folder / f"{name}.tmp.mp4").replace(folder / name)  # a killed run leaves no half clip
-            rows.append({"video": name, "prompt": PROMPT_TEXT})
+            rows.append({"video": name, "prompt": prompt})
             seed += 1
     data = folder / "data.jsonl"
     atomic_write_text(data, "".join(json.dumps(r) + "\n" for r in rows))
     return data
 
 
-def _capture(target: Path, data: Path, out: Path) -> Path:
+def _capture(cfg: DemoBuildConfig, target: Path, data: Path, out: Path) -> Path:
     from vllm_sparrow.training.capture import CaptureConfig, capture
 
     # every frame (2 fps): the draft trains on the visual token counts vLLM will serve
     report = capture(CaptureConfig(target=str(target), data=str(data), out=str(out), num_frames=10_000,
-                                   max_new_tokens=320, eagle_baseline=True, eagle3=True, shard_size=32,
-                                   store_dtype="float32"))  # what the shipped drafts were trained from
+                                   max_new_tokens=cfg.caption_tokens, eagle_baseline=True, eagle3=True,
+                                   shard_size=32, store_dtype=cfg.capture_dtype, engine=cfg.capture_engine))
     print(f"capture: {report.summary()}", flush=True)
     return out, report.summary()
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..world import WorldConfig, caption, render, sample_scene
+from ..world import WorldConfig, render, sample_scene
+from ..world.languages import LANGUAGES, Language
 from ..world.render import BACKGROUND
-from ..world.scene import COLOURS, MOTIONS, SHAPES, SIZES
 from .vision_aux import token_labels
 
 # Qwen2VLImageProcessor's defaults (OpenAI CLIP mean/std) and patch geometry
@@ -28,7 +28,6 @@ MEAN = np.array([0.48145466, 0.4578275, 0.40821073], dtype=np.float32)
 STD = np.array([0.26862954, 0.26130258, 0.27577711], dtype=np.float32)
 PATCH, TPATCH, MERGE = 14, 2, 2
 TOKENS_PER_SECOND = 2  # vision_config.tokens_per_second of the demo target
-CATEGORIES = ("colour", "shape", "size", "motion", "struct", "end")  # scored per word
 CONT = "cont"  # a word's second and later tokens
 
 
@@ -43,26 +42,7 @@ def patchify(frames: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int]]:
     return np.ascontiguousarray(x.reshape(gt * gh * gw, 3 * TPATCH * PATCH * PATCH)), (gt, gh, gw)
 
 
-def word_categories(words: list[str]) -> list[str]:
-    """The decision each word makes: colour, shape, size, motion ("moving"/"staying" and the
-    direction), or struct (template words and "still", which "staying" already decided)."""
-    motion = {w for m in MOTIONS for w in m.split()} - {"still"}
-    cats = []
-    for w in words:
-        if w in COLOURS:
-            cats.append("colour")
-        elif w in SIZES:
-            cats.append("size")
-        elif w in SHAPES:
-            cats.append("shape")
-        elif w in motion:
-            cats.append("motion")
-        else:
-            cats.append("struct")
-    return cats
-
-
-def token_categories(text: str, offsets: list[tuple[int, int]]) -> list[str]:
+def token_categories(text: str, offsets: list[tuple[int, int]], language: Language = LANGUAGES["easy"]) -> list[str]:
     """Per caption token: its word's category on the word's first token, CONT on its later ones
     (" c" "ir" "cle"), so accuracy can be scored per word: a word is right when all its tokens
     are (circle and cross share " c"). Scoring tokens one by one made a blank video look 0.8
@@ -71,7 +51,7 @@ def token_categories(text: str, offsets: list[tuple[int, int]]) -> list[str]:
         raise ValueError("a caption has single spaces between words and none at its ends")
     words = text.split()
     starts = np.cumsum([0] + [len(w) + 1 for w in words])  # char start of each word
-    word_cats = word_categories(words)
+    word_cats = [language.category(w) for w in words]
     cats, seen = [], set()
     for a, b in offsets:
         piece = text[a:b]
@@ -115,8 +95,9 @@ def blank_like(sample: Sample) -> Sample:
 class WorldBatches:
     """Builds model inputs from world scenes with the demo target's tokenizer."""
 
-    def __init__(self, tokenizer, chat_prompt: str):
+    def __init__(self, tokenizer, chat_prompt: str, language: Language = LANGUAGES["easy"]):
         self.tok = tokenizer
+        self.language = language
         pad = "<|video_pad|>"
         if chat_prompt.count(pad) != 1:
             raise ValueError("the chat prompt must hold exactly one <|video_pad|>")
@@ -130,9 +111,9 @@ class WorldBatches:
     def sample(self, seed: int, cfg: WorldConfig) -> Sample:
         scene = sample_scene(seed, cfg)
         pixels, grid = patchify(render(scene))
-        text = caption(scene)
+        text = self.language.caption(scene)
         enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        cats = token_categories(text, enc["offset_mapping"])
+        cats = token_categories(text, enc["offset_mapping"], self.language)
         return Sample(pixels, grid, enc["input_ids"] + [self.end_id], cats + ["end"], token_labels(scene))
 
     def positions(self, grid, n_text_after: int, stretch: float) -> torch.Tensor:

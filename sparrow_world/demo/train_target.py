@@ -24,7 +24,7 @@ import torch
 
 from vllm_sparrow.durable import append_jsonl, atomic_torch_save
 from ..world import WorldConfig
-from .target_data import CATEGORIES, WorldBatches, blank_like, word_hits
+from .target_data import WorldBatches, blank_like, word_hits
 from .vision_aux import VisionHeads, VisualTokenTap
 
 EVAL_SEED0 = 10_000_000  # held-out scenes; training seeds stay below this
@@ -71,6 +71,10 @@ class Extension:
 
 @dataclass
 class TargetTrainConfig:
+    world: str = "easy"  # how captions are said: sparrow_world/world/languages.py
+    # a trained target whose vision tower (same width) this one starts from, as real VLMs start
+    # from a pretrained vision encoder; None trains the tower from scratch too
+    vision_from: str | None = None
     hidden_size: int = 128
     num_layers: int = 3
     init_range: float = 0.02  # the test models' 0.2 saturates a model that has to learn (measured:
@@ -117,7 +121,7 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
     from ..tiny_targets import make_prompt
-    from ..world.caption import PROMPT
+    from ..world.languages import language
 
     out = Path(out)
     state_dir = Path(state_dir or out)
@@ -136,9 +140,14 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
             print(f"no checkpoint to resume in {state_dir}; starting fresh", flush=True)
         build_untrained(out, cfg)
     tok = AutoTokenizer.from_pretrained(out)
-    data = WorldBatches(tok, make_prompt("qwen2_5_vl", tok, PROMPT, media="video"))
+    words = language(cfg.world)
+    data = WorldBatches(tok, make_prompt("qwen2_5_vl", tok, words.prompt, media="video"), words)
     torch.manual_seed(cfg.seed)
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(out, dtype=torch.float32)
+    if saved is None and cfg.vision_from:
+        from ..paths import in_checkout
+
+        _load_vision_tower(model, Path(in_checkout(cfg.vision_from)))
     heads = VisionHeads(model.config.vision_config.out_hidden_size)  # training only; not shipped
     opt = _optimizer(model, heads, cfg)
     state = dict(step=0, elapsed=0.0, rng=np.random.default_rng(cfg.seed + 1).bit_generator.state)
@@ -191,6 +200,22 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
     _save(model, heads, opt, state, cfg, state_dir)
     model.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def _load_vision_tower(model, source: Path) -> None:
+    """Copy the vision tower (patch embedding, blocks and merger) of the target in `source`."""
+    from safetensors.torch import load_file
+
+    theirs = load_file(source / "model.safetensors")  # saved names: "visual.*"; in memory "model.visual.*"
+    ours = {k: v for k, v in model.state_dict().items() if "visual." in k}
+    tower = {k: theirs[k[k.index("visual."):]] for k in ours if k[k.index("visual."):] in theirs}
+    missing = [k for k in ours if k not in tower]
+    wrong = [k for k, v in tower.items() if ours[k].shape != v.shape]
+    if missing or wrong:
+        raise ValueError(f"{source} has no vision tower of this target's shape (missing {missing[:3]}, "
+                         f"other shapes {wrong[:3]}): build it with the same hidden size and vision config")
+    model.load_state_dict(tower, strict=False)
+    print(f"vision tower: {len(tower)} tensors from {source}", flush=True)
 
 
 def _schedule(cfg: TargetTrainConfig, step: int, elapsed: float, ext_step0: int | None, rng) -> tuple[float, bool]:
@@ -269,8 +294,8 @@ def evaluate(model, data: WorldBatches, samples, batch_size: int, long_samples=(
     if long_samples:
         groups.append(("acc_long", list(long_samples), 1.0, 1))
     for name, group, stretch, per_batch in groups:
-        hit = {c: 0 for c in CATEGORIES}
-        tot = {c: 0 for c in CATEGORIES}
+        hit = {c: 0 for c in data.language.categories}
+        tot = {c: 0 for c in data.language.categories}
         for i in range(0, len(group), per_batch):
             chunk = group[i:i + per_batch]
             kw, labels, P = data.batch(chunk, stretch)
@@ -279,7 +304,7 @@ def evaluate(model, data: WorldBatches, samples, batch_size: int, long_samples=(
                 for cat, ok in _word_hits(pred[b], s, P):
                     tot[cat] += 1
                     hit[cat] += ok
-        acc = {c: round(hit[c] / max(1, tot[c]), 4) for c in CATEGORIES}
+        acc = {c: round(hit[c] / max(1, tot[c]), 4) for c in data.language.categories}
         acc["all"] = round(sum(hit.values()) / sum(tot.values()), 4)
         result[name] = acc
     if was_training:
@@ -304,7 +329,7 @@ def _vision_accuracy(model, heads: VisionHeads, data: WorldBatches, samples, bat
 def _eval_line(rec: dict) -> str:
     a, s, b = rec["acc"], rec["acc_stretch100"], rec["acc_blank"]
     n = rec.get("acc_long", {c: float("nan") for c in a})
-    cats = " ".join(f"{c} {a[c]:.2f}/{s[c]:.2f}/{n[c]:.2f}/{b[c]:.2f}" for c in CATEGORIES)
+    cats = " ".join(f"{c} {a[c]:.2f}/{s[c]:.2f}/{n[c]:.2f}/{b[c]:.2f}" for c in a if c != "all")
     seen = " ".join(f"{k} {v:.2f}" for k, v in rec.get("vision", {}).items())
     return (f"[eval step {rec['step']} {rec['minutes']} min] all {a['all']:.3f} (stretched {s['all']:.3f}, "
             f"{LONG_EVAL_SECONDS} s clips {n['all']:.3f}, blank {b['all']:.3f}) | real/stretched/long/blank: {cats}"
@@ -317,9 +342,10 @@ def _recipe_changes(saved: dict, cfg: TargetTrainConfig) -> list[str]:
     def normal(value) -> str:  # tuples and lists alike, as a checkpoint may store either
         return json.dumps(value, sort_keys=True, default=str)
 
-    now = asdict(cfg)
+    now, defaults = asdict(cfg), asdict(TargetTrainConfig())
+    # a knob the checkpoint predates was at its default then
     return sorted(k for k in now if k not in ("threads", "eval_every", "save_every")
-                  and normal(saved.get(k)) != normal(now[k]))
+                  and normal(saved.get(k, defaults[k])) != normal(now[k]))
 
 
 def _optimizer(model, heads: VisionHeads, cfg: TargetTrainConfig):

@@ -1,0 +1,90 @@
+"""The hard world's captions (issue 29): every caption states only what the scene shows and all
+of what it must; one scene has many right captions, with near-even choices at many words."""
+
+from collections import Counter
+
+from sparrow_world.world import WorldConfig, sample_scene
+from sparrow_world.world import hard_caption as hard
+from sparrow_world.world.languages import language
+from sparrow_world.world.scene import COLOURS
+
+SCENES = [sample_scene(s, WorldConfig()) for s in range(60)]
+
+
+def _required(scene) -> set[str]:
+    """What every caption of the scene must say: the count, each object, its size and motion."""
+    out = {f"count {len(scene.objects)}"}
+    for o in scene.objects:
+        out |= {o.name, f"{o.name} size {o.size}", f"{o.name} motion {o.motion.split()[1]}"}
+    return out
+
+
+def test_a_caption_states_all_it_must_and_nothing_false():
+    for scene in SCENES:
+        for seed in (None, 1, 2):
+            said = hard.facts(hard.caption(scene, seed))
+            assert _required(scene) <= said <= hard.scene_facts(scene), (scene, said ^ hard.scene_facts(scene))
+
+
+def test_optional_clauses_say_counts_and_event_times_in_part_of_the_captions():
+    counted = timed = possible_counts = possible_times = 0
+    for scene in SCENES:
+        said, true = hard.facts(hard.caption(scene)), hard.scene_facts(scene)
+        optional_counts = {f for f in true if " count " in f}
+        optional_times = {f for f in true if f.endswith((" late", " leaves"))}
+        counted += len(said & optional_counts)
+        timed += len(said & optional_times)
+        possible_counts += len(optional_counts)
+        possible_times += len(optional_times)
+    assert 0.35 < counted / possible_counts < 0.65, (counted, possible_counts)  # COUNT_SHARE 0.5
+    assert 0.55 < timed / possible_times < 0.85, (timed, possible_times)  # TIME_SHARE 0.7, per object
+
+
+def test_objects_come_in_colour_order_then_in_the_order_they_appear():
+    for scene in SCENES[:20]:
+        order = [f for f in _names_in_order(hard.caption(scene))]
+        expected = [o.name for colour in COLOURS for o in sorted(
+            (o for o in scene.objects if o.colour == colour), key=lambda o: (o.appear, o.shape))]
+        assert order == expected
+
+
+def _names_in_order(text: str) -> list[str]:
+    words = text.split()
+    return [f"{a} {b}" for a, b in zip(words, words[1:]) if a in COLOURS and b in ("circle", "square", "triangle",
+                                                                                  "cross")]
+
+
+def test_each_meaning_is_said_several_ways_with_near_even_shares():
+    said = Counter(w for scene in SCENES for w in hard.caption(scene).split())
+    groups = [*(ws for ws, _ in hard.SIZE_WORDS.values()), *(g[0] for g in (hard.MOVING, hard.STAYING, hard.MOVES,
+                                                                            hard.STAYS))]
+    for words in groups:  # one meaning in one grammatical form: "big"/"large", "moves"/"goes"/"heads"
+        total = sum(said[w] for w in words)
+        shares = [said[w] / total for w in words]
+        assert len(words) >= 2 and min(shares) > 0.15, (words, shares)  # no synonym is a rare variant
+
+
+def test_one_scene_has_many_captions_and_each_scene_one_default():
+    scene = SCENES[0]
+    phrasings = {hard.caption(scene, seed) for seed in range(20)}
+    assert len(phrasings) == 20  # real choice: 20 draws, 20 captions
+    assert len({frozenset(hard.facts(p)) & frozenset(_required(scene)) for p in phrasings}) == 1
+    assert hard.caption(scene) == hard.caption(sample_scene(0, WorldConfig()))  # deterministic per scene
+
+
+def test_every_word_is_in_the_vocabulary_and_has_a_category(target_dirs):
+    from transformers import AutoTokenizer
+
+    words = set(hard.vocabulary())
+    lang = language("hard")
+    tok = AutoTokenizer.from_pretrained(target_dirs("qwen2_5_vl"))  # the demo target's tokenizer
+    lengths = []
+    for scene in SCENES:
+        text = hard.caption(scene)
+        assert set(text.split()) <= words
+        lengths.append(len(tok(text)["input_ids"]))
+    assert 150 <= min(lengths) and max(lengths) <= 600, (min(lengths), max(lengths))
+    cats = {w: lang.category(w) for w in words}
+    assert {cats["large"], cats["little"], cats["heading"], cats["keeps"], cats["left"]} == {"size", "motion"}
+    assert cats["nine"] == "count" and cats["appears"] == "time" and cats["red"] == "colour"
+    assert set(cats.values()) <= set(lang.categories)

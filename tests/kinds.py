@@ -29,6 +29,7 @@ KINDS = {
     "test_vllm_patches_are_declared": "fast",
     "test_window_rule_matches_written_out_masks": "fast",
     "test_world_captions_follow_the_frames": "fast",
+    "test_hard_world_captions_say_the_scene_many_ways": "fast",
     # engine
     "test_async_scheduling_allowed_for_sparrow": "engine",
     "test_bad_speculative_config_fails_at_startup": "engine",
@@ -77,6 +78,7 @@ KINDS = {
     "test_video_decoding_is_bounded": "server",
     # demo
     "test_deep_drafts_are_lossless": "demo",
+    "test_tune_chooses_depth_per_batch_size": "demo",
     "test_demo_models_caption_and_accept": "demo",
     "test_long_video_benchmark": "demo",
     "test_readme_offline_example_runs_as_written": "demo",

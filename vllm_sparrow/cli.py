@@ -1,4 +1,4 @@
-"""The `sparrow` command: init-draft, respond, capture, probe-layers, train, export, calibrate-stop, caption;
+"""The `sparrow` command: init-draft, respond, capture, probe-layers, train, export, calibrate-stop, tune, caption;
 plus the commands other installed packages add (the demo kit's `demo` and `bench`)."""
 
 from __future__ import annotations
@@ -147,6 +147,27 @@ def _calibrate_stop(args) -> int:
     return 0
 
 
+def _tune(args) -> int:
+    from .logs import logs_to
+    from .training.tune import TuneConfig, tune
+
+    cfg = from_args(TuneConfig, args)
+    log = Path(f"{cfg.out or cfg.draft.rstrip('/') + '.tune'}.vllm.log")
+    with logs_to(log) as term:  # vLLM's output goes to the log, the measurements to the terminal
+        try:
+            result = tune(cfg, progress=lambda line: print(line, file=term, flush=True))
+        except ValueError as e:
+            print(f"error: {e}", file=term)
+            return 2
+        print(result.summary(), file=term)
+        if cfg.write:
+            print(f"wrote the schedule and depth {result.schedule[0][2]} (batch 1) into {cfg.draft}/config.json: the "
+                  "plugin serves them unless num_speculative_tokens is given", file=term)
+        else:
+            print(f"next: rerun with --write to store them in {cfg.draft}/config.json", file=term)
+    return 0
+
+
 def _caption(args) -> int:
     from .batch_caption import CaptionInterrupted, CaptionJob, DuplicateIds, caption_batch
     from .logs import logs_to
@@ -191,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .training.probe_layers import ProbeJob
     from .training.respond import RespondConfig
     from .training.train import TrainConfig
+    from .training.tune import TuneConfig
 
     p = argparse.ArgumentParser(prog="sparrow", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -220,6 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "captured samples")
     add_options(cal, StopCalibration)
     cal.set_defaults(fn=_calibrate_stop)
+    tu = sub.add_parser("tune", help="choose the draft's depth per batch size from its held-out replay and the "
+                                     "step costs vLLM measures on this machine")
+    add_options(tu, TuneConfig)
+    tu.set_defaults(fn=_tune)
     cap = sub.add_parser("caption", help="caption a folder or JSONL of videos (resumable, one JSONL row each)")
     add_options(cap, CaptionJob)
     cap.set_defaults(fn=_caption)

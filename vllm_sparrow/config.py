@@ -26,7 +26,7 @@ MAX_SPECULATIVE_TOKENS = 8  # deepest chain a Sparrow draft is served at (README
 _REQUIRED_LAYER_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                           "intermediate_size", "vocab_size")
 _TOP_LEVEL_FIELDS = ("anchor_tokens", "window_tokens", "ivsb_layer", "stop_confidence", "tree_topk", "tree_budget",
-                     "has_own_embed_tokens", "has_own_lm_head")
+                     "depth_per_batch_size", "has_own_embed_tokens", "has_own_lm_head")
 
 
 def _present(source: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
@@ -101,6 +101,10 @@ class SparrowConfig(LayerShape):
     # Adaptive length: a request's chain stops where the product of its drafted tokens' draft
     # probabilities falls below this (None: always K tokens). SPARROW_STOP_CONFIDENCE overrides.
     stop_confidence: float | None = None
+    # Depth per batch size, vLLM's num_speculative_tokens_per_batch_size schedule: [[first batch
+    # size, last, depth], ...] (`sparrow tune` writes it from costs measured in vLLM); served when
+    # the user sets neither num_speculative_tokens nor a schedule. None: speculative_tokens always.
+    depth_per_batch_size: list[list[int]] | None = None
     # Tree search inside the draft (tree_search.py): score tree_topk children per node and keep
     # the tree_topk best nodes per level while tree_budget nodes last, then hand vLLM the best
     # path (None: the greedy chain). SPARROW_TREE_TOPK / SPARROW_TREE_BUDGET override.
@@ -155,6 +159,7 @@ class SparrowConfig(LayerShape):
             "window_tokens": self.window_tokens,
             "ivsb_layer": self.ivsb_layer,
             **({"stop_confidence": self.stop_confidence} if self.stop_confidence is not None else {}),
+            **({"depth_per_batch_size": self.depth_per_batch_size} if self.depth_per_batch_size else {}),
             **({"tree_topk": self.tree_topk} if self.tree_topk is not None else {}),
             **({"tree_budget": self.tree_budget} if self.tree_budget is not None else {}),
             "has_own_embed_tokens": self.has_own_embed_tokens,

@@ -57,7 +57,7 @@ def _wrap_post_init(original: Callable) -> Callable:
                 "serve the target with tensor parallelism (--tensor-parallel-size) or without speculation")
         draft_cfg = validate_draft_for_target(self.model, self.target_model_config)
         if self.num_speculative_tokens is None:
-            self.num_speculative_tokens = draft_cfg.speculative_tokens
+            _draft_depths(self, draft_cfg)
         check_depth(self.num_speculative_tokens, getattr(self, "num_speculative_tokens_per_batch_size", None),
                     self.model, draft_cfg.speculative_tokens)
         # Upstream's EAGLE path builds draft_model_config (reading the speculators-format
@@ -69,6 +69,16 @@ def _wrap_post_init(original: Callable) -> Callable:
             self.method = METHOD
 
     return __post_init__
+
+
+def _draft_depths(spec, draft_cfg) -> None:
+    """The user gave no depth: serve the draft's own, and its per-batch-size schedule when it has
+    one and the user set none (`sparrow tune`); vLLM caps each entry at num_speculative_tokens."""
+    spec.num_speculative_tokens = draft_cfg.speculative_tokens
+    schedule = draft_cfg.depth_per_batch_size
+    if schedule and getattr(spec, "num_speculative_tokens_per_batch_size", False) is None:
+        spec.num_speculative_tokens_per_batch_size = [tuple(e) for e in schedule]
+        spec.num_speculative_tokens = max(e[2] for e in schedule)
 
 
 def _refuse_model_runner_v2() -> None:
@@ -196,7 +206,8 @@ ROWS: tuple[Declared | Read, ...] = (
     Read(f"{_SPEC}.target_parallel_config", "speculative-post-init",
          "pipeline_parallel_size, refused above 1", "field"),
     Read(f"{_SPEC}.num_speculative_tokens_per_batch_size", "speculative-post-init",
-         "per-batch-size depths, checked against the draft's trained depth (read with getattr: absent is none)",
+         "per-batch-size depths, checked against the draft's trained depth; set from the draft's own schedule "
+         "(sparrow tune) when the user gives no depth (read with getattr: absent is none)",
          "field", required=False),
     Read("vllm.envs.VLLM_USE_V2_MODEL_RUNNER", "speculative-post-init",
          "set to 1 it forces Model Runner V2, where Sparrow does not run: refused with what to do", "class"),

@@ -114,6 +114,16 @@ ROWS: tuple[Read, ...] = (
          "stops the engine processes before the command reports (also on Ctrl-C)", "class"),
     Read("vllm.v1.engine.exceptions.EngineDeadError", "batch_caption.py",
          "the engine died (Ctrl-C reaches its process first): reported as an interrupted run", "class"),
+    # training/step_cost.py: `sparrow tune` steps the engine itself to time its decode steps
+    Read("vllm.v1.engine.llm_engine.LLMEngine.add_request", "training/step_cost.py",
+         "queues a batch's requests together", "class"),
+    Read("vllm.v1.engine.llm_engine.LLMEngine.step", "training/step_cost.py", "one engine step, timed", "class"),
+    Read("vllm.v1.engine.llm_engine.LLMEngine.get_num_unfinished_requests", "training/step_cost.py",
+         "only steps with the whole batch running are timed", "class"),
+    Read("vllm.v1.engine.llm_engine.LLMEngine.abort_request", "training/step_cost.py",
+         "ends the batch once its steps are timed", "class"),
+    Read("vllm.v1.engine.llm_engine.LLMEngine.has_unfinished_requests", "training/step_cost.py",
+         "steps until the aborted batch is gone", "class"),
     # serving_layer.py: vLLM's compiled ops (absent: torch's ops instead)
     Read(f"{_OPS}.rms_norm", "serving_layer.py", "the draft layer's RMSNorm", "class", required=False),
     Read(f"{_OPS}.fused_add_rms_norm", "serving_layer.py", "RMSNorm with the residual add fused in", "class",

@@ -57,6 +57,26 @@ def choose_depth(est: AcceptanceEstimate, draft_step_cost: float, verify_token_c
     return DepthChoice(1 + speed.index(max(speed)), tokens, speed)
 
 
+def depth_schedule(est: AcceptanceEstimate, per_token_cost: dict[int, float]) -> list[list[int]]:
+    """vLLM's per-batch-size schedule [[first batch size, last, depth], ...] from one replay and
+    the cost of one more drafted-and-verified token at each measured batch size (relative to the
+    step's fixed cost there: `step_cost.StepCost.per_token`). Each measured batch size's depth
+    covers it up to the next one's; the last reaches every larger batch (vLLM carries it on).
+    Worked example: costs {1: 0.05, 16: 0.4, 64: 2.0} with the docstring's replay give depths
+    4, 2, 1: [[1, 15, 4], [16, 63, 2], [64, 64, 1]]."""
+    sizes = sorted(per_token_cost)
+    if not sizes or sizes[0] != 1:
+        raise ValueError(f"measure batch size 1 first (vLLM's schedule starts there), got {sizes}")
+    entries = []
+    for size, nxt in zip(sizes, sizes[1:] + [sizes[-1] + 1]):
+        depth = choose_depth(est, per_token_cost[size], 0.0).depth  # the speed only sees their sum
+        if entries and entries[-1][2] == depth:
+            entries[-1][1] = nxt - 1  # same depth as the batch sizes below: one range
+        else:
+            entries.append([size, nxt - 1, depth])
+    return entries
+
+
 def replay_depth(speculative_tokens: int | None) -> int:
     """K of the validation replay: the depth asked for, else the deepest the plugin serves (one
     replay at the deepest depth measures every shallower one)."""

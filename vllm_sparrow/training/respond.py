@@ -189,7 +189,7 @@ def _open(cfg: RespondConfig):
 def _answer_all(llm, cfg, todo, lines, work, answers, counts, progress, progress_file) -> None:
     from tqdm import tqdm
 
-    params, templater = greedy_params(llm, cfg.max_new_tokens), _templater(cfg.target)
+    params, templater = greedy_params(llm, cfg.max_new_tokens), templater_for(cfg.target)
     bar = tqdm(total=len(todo), desc="respond", unit="sample", disable=not progress, file=progress_file)
     start = time.perf_counter()
     try:
@@ -215,7 +215,8 @@ def greedy_params(llm, max_new_tokens: int):
     return SamplingParams(temperature=0.0, max_tokens=max_new_tokens, repetition_penalty=penalty)
 
 
-def _templater(target: str):
+def templater_for(target: str):
+    """sample -> the chat prompt string vLLM gets for it (media first, as capture builds it)."""
     from transformers import AutoProcessor
 
     from ..prompts import chat_prompt

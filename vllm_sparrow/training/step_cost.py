@@ -1,0 +1,101 @@
+"""What one more drafted token costs on this machine, measured in vLLM (`sparrow tune`).
+
+The depth rule (depth.py) needs, per batch size, the cost of a step that drafts k tokens:
+
+    step(k) = fixed + k x per_token    (fixed: the verify step without drafts; per_token: one
+                                        more draft forward plus one more verified token)
+
+Both change with the hardware and the batch: on a GPU at batch 1 a 7B verify step is bound by
+reading its weights, so verifying 9 tokens costs about what verifying 1 does; at batch 64 it is
+bound by compute and every verified token counts. So they are measured, not assumed: the real
+engine serves the draft at two depths, `batch` requests decode together, and the mean time of
+their decode steps at each depth gives the line through the two points.
+
+A decode step is one `LLMEngine.step()` after every request of the batch has its first token
+(so no prefill is inside) while all of them still run (max_tokens keeps them running); the
+first `WARMUP_STEPS` are not timed (first-call allocations).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+WARMUP_STEPS = 2
+
+
+@dataclass
+class StepCost:
+    batch: int
+    seconds: dict[int, float] = field(default_factory=dict)  # depth -> mean seconds per decode step
+
+    def line(self) -> tuple[float, float]:
+        """(fixed, per_token) seconds through the shallowest and deepest measured depths."""
+        (k1, t1), (k2, t2) = min(self.seconds.items()), max(self.seconds.items())
+        if k1 == k2:
+            raise ValueError(f"batch {self.batch}: two depths are needed, measured {sorted(self.seconds)}")
+        per_token = max(0.0, (t2 - t1) / (k2 - k1))  # timing noise must not make tokens free of charge
+        return max(t1 - k1 * per_token, 1e-9), per_token
+
+    @property
+    def per_token(self) -> float:
+        """One more drafted-and-verified token, relative to the step's fixed cost."""
+        fixed, per_token = self.line()
+        return per_token / fixed
+
+
+def decode_step_seconds(llm, requests: list[dict], params, batch: int, steps: int) -> float:
+    """Mean seconds of `steps` decode steps with `batch` requests running together (the
+    requests cycled to fill the batch); the requests are aborted afterwards."""
+    engine = llm.llm_engine
+    ids = [f"tune-{batch}-{i}-{time.monotonic_ns()}" for i in range(batch)]
+    for rid, request in zip(ids, itertools.cycle(requests)):
+        engine.add_request(rid, request, params)
+    started: set[str] = set()
+    timed: list[float] = []
+    try:
+        while len(timed) < steps + WARMUP_STEPS:
+            if engine.get_num_unfinished_requests() < batch:
+                raise RuntimeError(f"a request finished after {len(timed)} of {steps} timed steps at batch "
+                                   f"{batch}: raise max_tokens")
+            t = time.perf_counter()
+            outputs = engine.step()
+            seconds = time.perf_counter() - t
+            if len(started) == batch:
+                timed.append(seconds)
+            started |= {o.request_id for o in outputs if o.outputs and o.outputs[0].token_ids}
+    finally:
+        engine.abort_request(ids)
+        while engine.has_unfinished_requests():
+            engine.step()
+    kept = timed[WARMUP_STEPS:]
+    return sum(kept) / len(kept)
+
+
+def measure_step_costs(open_engine, requests: list[dict], params, batch_sizes: list[int], depths: tuple[int, int],
+                       steps: int, progress=print) -> list[StepCost]:
+    """StepCost per batch size: open_engine(depth) gives an LLM serving the draft at `depth`
+    (closed here when done); each batch size decodes `steps` timed steps at each depth."""
+    costs = {b: StepCost(b) for b in batch_sizes}
+    for depth in depths:
+        llm = open_engine(depth)
+        try:
+            for b in batch_sizes:
+                costs[b].seconds[depth] = decode_step_seconds(llm, requests, params, b, steps)
+                progress(f"depth {depth}, batch {b}: {1e3 * costs[b].seconds[depth]:.1f} ms per decode step")
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+    return [costs[b] for b in batch_sizes]
+
+
+def describe(costs: list[StepCost]) -> list[dict[str, Any]]:
+    """JSON-friendly rows: batch, ms per step at each depth, fixed and per-token ms, relative cost."""
+    rows = []
+    for c in costs:
+        fixed, per_token = c.line()
+        rows.append({"batch": c.batch, "ms_per_step": {str(k): round(1e3 * s, 3) for k, s in sorted(c.seconds.items())},
+                     "fixed_ms": round(1e3 * fixed, 3), "per_token_ms": round(1e3 * per_token, 3),
+                     "per_token_cost": round(c.per_token, 4)})
+    return rows

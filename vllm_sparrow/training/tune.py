@@ -1,0 +1,163 @@
+"""`sparrow tune`: the draft's depth per batch size, chosen from this machine's measured costs and
+the draft's held-out acceptance, written into its config.json for the plugin to serve.
+
+    sparrow tune --draft DRAFT --capture CAP [--batch-sizes 1,4,16,64] [--write]
+
+1. Replay (acceptance.py): the draft drafts chains of `max_depth` tokens on the capture's
+   held-out tail, which gives the expected tokens per step at every depth (depth.py).
+2. Cost (step_cost.py): vLLM serves the draft at depth 1 and at `max_depth` on this machine,
+   with the held-out samples' own prompts (their videos, so the verify step attends over the
+   context users send), and times the decode steps at each batch size.
+3. Choice: at each batch size, the depth with the most tokens per unit of step cost; written as
+   vLLM's num_speculative_tokens_per_batch_size schedule (`depth_per_batch_size`) and the batch-1
+   depth as `speculative_tokens`. A user's own num_speculative_tokens or schedule still wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..config import MAX_SPECULATIVE_TOKENS
+from ..knobs import knob
+
+if TYPE_CHECKING:  # the config stays importable without torch (`sparrow --help`)
+    from .acceptance import AcceptanceEstimate
+
+
+def batch_sizes(text: str) -> tuple[int, ...]:
+    sizes = tuple(sorted({int(s) for s in str(text).split(",") if s.strip()}))
+    if not sizes or sizes[0] != 1:
+        raise argparse.ArgumentTypeError(f"must include 1 (vLLM's schedule starts there), got {text!r}")
+    return sizes
+
+
+@dataclass
+class TuneConfig:
+    """`sparrow tune`: every option is a field here (knobs.py)."""
+
+    draft: str = knob(help="Sparrow draft directory (its config.json gets the depths with --write)")
+    capture: str = knob(help="capture of the draft's target; its last --samples samples are the held-out replay")
+    data: str | None = knob(None, "JSONL whose samples' prompts the cost is measured with (default: the data the "
+                                  "capture was made from; its last --samples lines)")
+    samples: int = knob(8, "held-out samples (the capture's and the data's last ones)")
+    batch_sizes: tuple[int, ...] = knob((1, 4, 16, 64), parse=batch_sizes,
+                                        help="batch sizes to measure, comma-separated, from 1 (each one's depth serves "
+                                       "up to the next)")
+    max_depth: int = knob(MAX_SPECULATIVE_TOKENS, "deepest depth considered (the replay's depth; the cost is "
+                                                  "measured at 1 and at this)")
+    steps: int = knob(12, "decode steps timed per batch size and depth")
+    num_frames: int = knob(16, "frames per video, as served", flag="--frames")
+    write: bool = knob(False, "store the schedule and the batch-1 depth in the draft's config.json")
+    out: str | None = knob(None, "also write the measurements and the choice as JSON here")
+    engine_args: dict[str, Any] = knob(default_factory=dict, help='extra LLM(...) arguments as JSON, e.g. '
+                                       '{"max_model_len": 32768, "dtype": "bfloat16"}')
+
+
+@dataclass
+class TuneResult:
+    replay: AcceptanceEstimate
+    tokens_per_step: list[float]  # [max_depth] expected tokens per step drafting 1..max_depth
+    costs: list[dict] = field(default_factory=list)  # step_cost.describe rows
+    schedule: list[list[int]] = field(default_factory=list)  # [[first batch, last, depth], ...]
+
+    def summary(self) -> str:
+        tokens = ", ".join(f"{t:.2f}" for t in self.tokens_per_step)
+        rows = [f"held-out tokens per step at depth 1..{len(self.tokens_per_step)}: {tokens}"]
+        depth_at = {b: d for lo, hi, d in self.schedule for b in range(lo, hi + 1)}
+        for c in self.costs:
+            depth = depth_at.get(c["batch"], self.schedule[-1][2])
+            rows.append(f"batch {c['batch']}: {c['fixed_ms']:.2f} ms per step + {c['per_token_ms']:.2f} ms per drafted "
+                        f"token ({c['per_token_cost']:.3f} of a step) -> depth {depth}")
+        rows.append(f"num_speculative_tokens_per_batch_size: {json.dumps(self.schedule)}")
+        return "\n".join(rows)
+
+
+def tune(cfg: TuneConfig, progress=print) -> TuneResult:
+    from .depth import choose_depth, depth_schedule
+    from .step_cost import describe, measure_step_costs
+
+    est = _replay(cfg)
+    tokens = choose_depth(est, 0.0, 0.0).tokens_per_step
+    progress(f"replay: {est.drafts} drafts, tokens per step at depth {cfg.max_depth}: {tokens[-1]:.2f}")
+    requests, params = _requests(cfg)
+    costs = measure_step_costs(lambda depth: _engine(cfg, depth), requests, params, cfg.batch_sizes,
+                               (1, cfg.max_depth), cfg.steps, progress)
+    result = TuneResult(est, tokens, describe(costs), depth_schedule(est, {c.batch: c.per_token for c in costs}))
+    if cfg.write:
+        _write(cfg.draft, result.schedule)
+    if cfg.out:
+        from ..durable import atomic_write_json
+
+        atomic_write_json(Path(cfg.out), {"draft": cfg.draft, "capture": cfg.capture, "max_depth": cfg.max_depth,
+                                          "replay": {"drafts": est.drafts, "per_position": est.per_position},
+                                          "tokens_per_step": tokens, "costs": result.costs,
+                                          "schedule": result.schedule})
+    return result
+
+
+def _replay(cfg: TuneConfig):
+    from ..checkpoint import load_draft
+    from .acceptance import estimate_acceptance
+    from .shards import ShardReader
+    from .target_runner import HFTarget
+
+    _capture_settings(cfg.capture)  # a clear error for a folder that is no capture
+    reader = ShardReader(cfg.capture)
+    held_out = [reader[i] for i in range(max(0, len(reader) - cfg.samples), len(reader))]
+    target = HFTarget(reader.manifest.settings["target"])
+    return estimate_acceptance(load_draft(cfg.draft), target, held_out, cfg.max_depth)
+
+
+def _requests(cfg: TuneConfig) -> tuple[list[dict], Any]:
+    """The held-out samples as vLLM requests (chat prompt + decoded media), and greedy params
+    long enough that no request ends inside the timed steps."""
+    from vllm import SamplingParams
+
+    from .data import Sample, load_media, read_samples
+    from .respond import templater_for
+
+    settings = _capture_settings(cfg.capture)
+    data = cfg.data or settings["data"]
+    good = [s for s in read_samples(data) if isinstance(s, Sample)][-cfg.samples:]
+    if not good:
+        raise ValueError(f"{data} has no usable sample to measure the step cost with")
+    template = templater_for(settings["target"])
+    requests = []
+    for sample in good:
+        request: dict[str, Any] = {"prompt": template(sample)}
+        if sample.media_kind is not None:
+            request["multi_modal_data"] = {sample.media_kind: load_media(sample, cfg.num_frames)}
+        requests.append(request)
+    max_tokens = (cfg.steps + 8) * (cfg.max_depth + 1)
+    return requests, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+
+def _engine(cfg: TuneConfig, depth: int):
+    from ..batch_caption import open_engine
+
+    spec = {"method": "sparrow", "model": cfg.draft, "num_speculative_tokens": depth}
+    args = dict(limit_mm_per_prompt={"video": 1, "image": 1}, max_num_seqs=max(cfg.batch_sizes),
+                speculative_config=spec)
+    return open_engine(_capture_settings(cfg.capture)["target"], {**args, **cfg.engine_args})
+
+
+def _capture_settings(capture: str) -> dict:
+    from .shards import load_manifest
+
+    manifest = load_manifest(Path(capture))
+    if manifest is None:
+        raise ValueError(f"{capture} is not a capture (no manifest): pass the folder `sparrow capture` wrote")
+    return manifest.settings
+
+
+def _write(draft: str, schedule: list[list[int]]) -> None:
+    from ..config import SparrowConfig
+
+    cfg = SparrowConfig.load(draft)
+    cfg.depth_per_batch_size = schedule
+    cfg.speculative_tokens = schedule[0][2]
+    cfg.save(draft)

@@ -10,16 +10,21 @@ from vllm_sparrow.knobs import knob
 METHODS = ("none", "sparrow", "eagle", "eagle3", "ngram")
 PAPER_LENGTHS = (512, 1536, 6144, 17408, 24960)  # visual tokens; ~0.5k, 1.5k, 6k, 17k, 25k
 GRAPHS = ("auto", "on", "off")
+MODELS = {"easy": "models/world", "hard": "models/world-hard"}  # each world's shipped demo models
 
 
 @dataclass
 class BenchConfig:
     """`sparrow bench`: every option is a field here (vllm_sparrow.knobs)."""
 
-    target: str = knob("models/world/target", "target model directory")
-    sparrow: str = knob("models/world/sparrow", "Sparrow draft directory")
-    eagle: str = knob("models/world/eagle", "EAGLE-style draft (vLLM's eagle format)")
-    eagle3: str = knob("models/world/eagle3", "EAGLE-3 draft (vLLM's eagle3 format)")
+    world: str = knob("easy", "the demo world the clips come from and the captions are scored in: easy (one "
+                              "template, models/world) or hard (real choice, models/world-hard)",
+                      choices=("easy", "hard"))
+    # None: the world's shipped demo model (models/world/... or models/world-hard/...)
+    target: str | None = knob(None, "target model directory (default: the world's demo target)")
+    sparrow: str | None = knob(None, "Sparrow draft directory (default: the world's demo draft)")
+    eagle: str | None = knob(None, "EAGLE-style draft, vLLM's eagle format (default: the world's)")
+    eagle3: str | None = knob(None, "EAGLE-3 draft, vLLM's eagle3 format (default: the world's)")
     out: str = knob("runs/bench", "records.jsonl (resumable), results.json, table.md, plot.png")
     lengths: tuple[int, ...] = knob(PAPER_LENGTHS, "visual tokens, comma separated")
     methods: tuple[str, ...] = knob(METHODS, "comma separated subset of " + ",".join(METHODS))
@@ -39,7 +44,7 @@ class BenchConfig:
         None, "speculative tokens K of every method: Sparrow and the EAGLE / EAGLE-3 / ngram baselines all draft "
               "at this one K, a like-for-like comparison (default: the Sparrow draft's recommended depth, its "
               "config.json speculative_tokens, as the plugin uses when K is not given)", flag="--k")
-    max_tokens: int = knob(320, "longest caption")
+    max_tokens: int | None = knob(None, "longest caption (default: 320 in the easy world, 640 in the hard one)")
     seed0: int = knob(30_000_000, "first clip scene seed (disjoint from the demo models' training scenes)")
     prompt: str = knob("describe the video .", "the captioning prompt")
     # float32, not vLLM's "auto": auto downcasts a float32 checkpoint (the demo models are) to
@@ -53,8 +58,12 @@ class BenchConfig:
         from ..paths import in_checkout
 
         # The defaults name the shipped demo models relative to the checkout: found from any folder.
+        models = MODELS[self.world]
         self.target, self.sparrow, self.eagle, self.eagle3 = (
-            in_checkout(p) for p in (self.target, self.sparrow, self.eagle, self.eagle3))
+            in_checkout(p or f"{models}/{name}") for p, name in (
+                (self.target, "target"), (self.sparrow, "sparrow"), (self.eagle, "eagle"), (self.eagle3, "eagle3")))
+        if self.max_tokens is None:
+            self.max_tokens = 640 if self.world == "hard" else 320
         if self.num_speculative_tokens is None:
             self.num_speculative_tokens = recommended_depth(self.sparrow)
 

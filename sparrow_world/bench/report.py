@@ -8,7 +8,8 @@ from vllm_sparrow.durable import atomic_save, atomic_write_json, atomic_write_te
 from .config import BenchConfig
 
 COLUMNS = ("method", "visual tokens", "batch", "accept len", "accept (no bonus)", "per position", "draft ms/step",
-           "draft cache KiB", "decode tok/s", "decode speedup", "e2e speedup", "= no spec", "caption words", "objects P/R")
+           "draft cache KiB", "decode tok/s", "decode speedup", "e2e speedup", "= no spec", "caption words", "caption facts",
+           "objects P/R")
 
 
 def _fmt(v, spec=".2f"):
@@ -35,7 +36,7 @@ def table(records: list[dict]) -> str:
             _fmt(r["draft_cache_bytes"] / 1024, ".1f"), _spread(r, "decode_tok_s", ".1f"),
             _spread(r, "decode_speedup"), _spread(r, "e2e_speedup"),
             "-" if equal is None else ("yes" if equal else "NO"), _fmt(r["caption_word_accuracy"], ".3f"),
-            f"{r['object_precision']:.2f}/{r['object_recall']:.2f}",
+            _fmt(r.get("caption_fact_accuracy"), ".3f"), f"{r['object_precision']:.2f}/{r['object_recall']:.2f}",
         ]) + " |")
     return "\n".join(rows) + "\n"
 

@@ -42,7 +42,7 @@ def run_bench(cfg: BenchConfig) -> list[dict]:
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    clips = eval_clips(out / "clips", cfg.lengths, max(cfg.clips_per_length, *cfg.batch_sizes), cfg.seed0)
+    clips = eval_clips(out / "clips", cfg.lengths, max(cfg.clips_per_length, *cfg.batch_sizes), cfg.seed0, cfg.world)
     tok = AutoTokenizer.from_pretrained(cfg.target)
     prompt = make_prompt("qwen2_5_vl", tok, cfg.prompt, media="video")
     done = _load_records(out / "records.jsonl", cfg)
@@ -177,7 +177,7 @@ def measure(llm, meter: BlockMeter, method: str, tokens: int, clips: list[Clip],
            "decode_tokens": sum(len(o["token_ids"]) - 1 for o in outs),
            "decode_s": sum(o["decode_s"] for o in outs)}
     rec["decode_tok_s"] = rec["decode_tokens"] / rec["decode_s"] if rec["decode_s"] > 0 else None
-    return _finish(rec, llm, method, before, timer0, outs, [c.truth for c in clips], tok, cfg)
+    return _finish(rec, llm, method, before, timer0, outs, clips, tok, cfg)
 
 
 def measure_batch(llm, meter: BlockMeter, method: str, tokens: int, clips: list[Clip], prompt: str, tok,
@@ -202,7 +202,7 @@ def measure_batch(llm, meter: BlockMeter, method: str, tokens: int, clips: list[
            "e2e_s": wall, "ttft_s": sum(r.metrics.first_token_latency for r in results) / len(results),
            "decode_tokens": sum(len(o["token_ids"]) - 1 for o in outs), "decode_s": last - first}
     rec["decode_tok_s"] = rec["decode_tokens"] / rec["decode_s"] if rec["decode_s"] > 0 else None
-    return _finish(rec, llm, method, before, timer0, outs, [c.truth for c in clips], tok, cfg)
+    return _finish(rec, llm, method, before, timer0, outs, clips, tok, cfg)
 
 
 def _counters(llm, method: str):
@@ -211,12 +211,13 @@ def _counters(llm, method: str):
     return (spec_counters(llm), draft_timer(llm)) if method != "none" else (None, None)
 
 
-def _finish(rec: dict, llm, method: str, before, timer0, outs: list[dict], truths: list[str], tok,
+def _finish(rec: dict, llm, method: str, before, timer0, outs: list[dict], clips: list[Clip], tok,
             cfg: BenchConfig) -> dict:
     """Caption accuracy, acceptance and draft time since `before`, and draft cache bytes."""
     from vllm_sparrow.engine_stats import spec_counters
 
-    rec.update(caption_accuracy(tok, [o["token_ids"] for o in outs], truths))
+    rec.update(caption_accuracy(tok, [o["token_ids"] for o in outs], [c.truth for c in clips],
+                                [c.facts for c in clips] if clips and clips[0].facts is not None else None))
     if method != "none":
         after, timer1 = spec_counters(llm), draft_timer(llm)
         drafts = after["num_drafts"] - before["num_drafts"]
@@ -236,17 +237,38 @@ def _finish(rec: dict, llm, method: str, before, timer0, outs: list[dict], truth
     return rec
 
 
-def caption_accuracy(tok, outputs: list[list[int]], truths: list[str]) -> dict:
+def caption_accuracy(tok, outputs: list[list[int]], truths: list[str], facts: list[frozenset] | None = None) -> dict:
     """How close the greedy captions are to the true ones: word accuracy (1 - word edit distance
     / true length, so one missed object costs its words, not everything after it), objects named
-    right (precision/recall of "colour shape" pairs) and exact matches."""
-    words = [tok.decode(ids, skip_special_tokens=True).split() for ids in outputs]
-    acc = [max(0.0, 1 - _edit_distance(w, t.split()) / len(t.split())) for w, t in zip(words, truths)]
-    said, true = [_objects(" ".join(w)) for w in words], [_objects(t) for t in truths]
+    right (precision/recall of "colour shape" pairs) and exact matches. With `facts` (the hard
+    world, where a scene has many right captions): fact accuracy instead of words, scored by
+    meaning (hard_caption.facts), and objects read from the facts."""
+    texts = [" ".join(tok.decode(ids, skip_special_tokens=True).split()) for ids in outputs]
+    if facts is not None:
+        return _fact_accuracy(texts, truths, facts)
+    acc = [max(0.0, 1 - _edit_distance(w.split(), t.split()) / len(t.split())) for w, t in zip(texts, truths)]
+    said, true = [_objects(w) for w in texts], [_objects(t) for t in truths]
     hit = sum(len(a & b) for a, b in zip(said, true))
     return {"caption_word_accuracy": sum(acc) / len(acc),
             "object_precision": hit / max(1, sum(map(len, said))), "object_recall": hit / max(1, sum(map(len, true))),
-            "caption_exact": sum(" ".join(w) == t for w, t in zip(words, truths)) / len(truths)}
+            "caption_exact": sum(w == t for w, t in zip(texts, truths)) / len(truths)}
+
+
+def _fact_accuracy(texts: list[str], truths: list[str], facts: list[frozenset]) -> dict:
+    """Fact accuracy per caption: right facts / (facts said + required facts missed), where the
+    required ones are what the default caption states minus its optional clauses."""
+    from ..world.hard_caption import facts as read
+
+    scores, hit, said_n, true_n = [], 0, 0, 0
+    for text, truth, true in zip(texts, truths, facts):
+        said, required = read(text), {f for f in read(truth) if " count " not in f and not f.endswith(
+            (" late", " leaves"))}
+        right = said & true
+        scores.append(len(right) / max(1, len(said | required)))
+        names, true_names = {f for f in said if len(f.split()) == 2}, {f for f in true if len(f.split()) == 2}
+        hit, said_n, true_n = hit + len(names & true_names), said_n + len(names), true_n + len(true_names)
+    return {"caption_word_accuracy": None, "caption_fact_accuracy": sum(scores) / len(scores),
+            "object_precision": hit / max(1, said_n), "object_recall": hit / max(1, true_n), "caption_exact": None}
 
 
 def _objects(text: str) -> set[str]:
@@ -320,4 +342,5 @@ def _line(r: dict) -> str:
     acc = f"acceptance {r['acceptance_length']:.2f}" if r.get("acceptance_length") else "acceptance -"
     tps = f"{r['decode_tok_s']:.1f} tok/s" if r.get("decode_tok_s") else "- tok/s"
     return (f"round {r['round'] + 1}: {r['method']:>8} @ {r['visual_tokens']:>6} visual tokens, batch {r['batch']:>3}: {acc}, decode {tps}, "
-            f"caption word accuracy {r['caption_word_accuracy']:.3f}")
+            + (f"caption word accuracy {r['caption_word_accuracy']:.3f}" if r.get("caption_word_accuracy") is not None
+               else f"caption fact accuracy {r['caption_fact_accuracy']:.3f}"))

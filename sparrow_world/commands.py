@@ -43,8 +43,8 @@ def _demo(args) -> int:
         for name, path in build(cfg).items():
             print(f"{name}: {path}")
         return 0
-    return run_demo.run_demo(Path(args.models), max_tokens=args.max_tokens,
-                             log=None if args.log in ("", "-") else Path(args.log))
+    return run_demo.run_demo(Path(args.models), max_tokens=args.max_tokens or world.caption_tokens,
+                             log=None if args.log in ("", "-") else Path(args.log), world=world.world)
 
 
 def bench_config(args, ablations: dict | None = None):
@@ -94,7 +94,8 @@ def add_demo(sub) -> None:
                    help="build: the target's main training stage, minutes (default: TargetTrainConfig's)")
     d.add_argument("--extension-minutes", type=float, default=None,
                    help="build: the target's long-clip extension stage, minutes (default: TargetTrainConfig's)")
-    d.add_argument("--max-tokens", type=int, default=320, help="run: longest caption, in tokens")
+    d.add_argument("--max-tokens", type=int, default=None,
+                   help="run: longest caption, in tokens (default: the world's, 320 easy, 640 hard)")
     d.add_argument("--log", default="runs/demo/vllm.log",
                    help="run: where vLLM's own output goes ('-': to the terminal with the report)")
     d.set_defaults(fn=_demo)

@@ -8,7 +8,7 @@ The depth rule (depth.py) needs, per batch size, the cost of a step that drafts 
 Both change with the hardware and the batch: on a GPU at batch 1 a 7B verify step is bound by
 reading its weights, so verifying 9 tokens costs about what verifying 1 does; at batch 64 it is
 bound by compute and every verified token counts. So they are measured, not assumed: the real
-engine serves the draft at two depths, `batch` requests decode together, and the mean time of
+engine serves the draft at two depths, `batch` requests decode together, and the median time of
 their decode steps at each depth gives the line through the two points.
 
 A decode step is one `LLMEngine.step()` after every request of the batch has its first token
@@ -29,7 +29,7 @@ WARMUP_STEPS = 2
 @dataclass
 class StepCost:
     batch: int
-    seconds: dict[int, float] = field(default_factory=dict)  # depth -> mean seconds per decode step
+    seconds: dict[int, float] = field(default_factory=dict)  # depth -> median seconds per decode step
 
     def line(self) -> tuple[float, float]:
         """(fixed, per_token) seconds through the shallowest and deepest measured depths."""
@@ -47,7 +47,7 @@ class StepCost:
 
 
 def decode_step_seconds(llm, requests: list[dict], params, batch: int, steps: int) -> float:
-    """Mean seconds of `steps` decode steps with `batch` requests running together (the
+    """Median seconds of `steps` decode steps with `batch` requests running together (the
     requests cycled to fill the batch); the requests are aborted afterwards."""
     engine = llm.llm_engine
     ids = [f"tune-{batch}-{i}-{time.monotonic_ns()}" for i in range(batch)]
@@ -70,8 +70,8 @@ def decode_step_seconds(llm, requests: list[dict], params, batch: int, steps: in
         engine.abort_request(ids)
         while engine.has_unfinished_requests():
             engine.step()
-    kept = timed[WARMUP_STEPS:]
-    return sum(kept) / len(kept)
+    kept = sorted(timed[WARMUP_STEPS:])
+    return kept[len(kept) // 2]  # the median: a step the OS or another process delayed does not count
 
 
 def measure_step_costs(open_engine, requests: list[dict], params, batch_sizes: list[int], depths: tuple[int, int],

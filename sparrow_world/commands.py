@@ -60,18 +60,23 @@ def bench_config(args, ablations: dict | None = None):
     return quick(cfg, keep=given) if args.quick else cfg
 
 
+def bench_from_args(args):
+    """The BenchConfig of `sparrow bench`'s options, --ablation and --with-ablations included."""
+    ablations = dict(a.split("=", 1) for a in args.ablation)
+    cfg = bench_config(args, ablations)  # resolves the world's default draft folders
+    if args.with_ablations:  # every draft under <sparrow>/../ablations (what `sparrow demo build` writes)
+        folder = Path(cfg.sparrow).parent / "ablations"
+        found = {d.name: str(d) for d in sorted(folder.iterdir()) if (d / "config.json").exists()}
+        cfg = bench_config(args, {**found, **ablations})
+    return cfg
+
+
 def _bench(args) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from .bench.run import run_bench
 
-    ablations = dict(a.split("=", 1) for a in args.ablation)
-    if args.with_ablations:  # every draft under <sparrow>/../ablations (what `sparrow demo build` writes)
-        from .paths import in_checkout
-
-        folder = Path(in_checkout(args.sparrow)).parent / "ablations"
-        ablations.update({d.name: str(d) for d in sorted(folder.iterdir()) if (d / "config.json").exists()})
-    cfg = bench_config(args, ablations)
+    cfg = bench_from_args(args)
     run_bench(cfg)
     print((Path(cfg.out) / "table.md").read_text())
     return 0

@@ -294,3 +294,15 @@ def test_quick_sets_only_the_sizes_the_command_line_left_out():
     assert (mine.batch_sizes, mine.clips_per_length, mine.lengths) == ((1, 4), 3, QUICK["lengths"])
     plain = parse()
     assert (plain.batch_sizes, plain.lengths) == (BenchConfig.batch_sizes, BenchConfig.lengths)
+
+
+def test_with_ablations_takes_every_shipped_ablation_of_the_worlds_draft():
+    from sparrow_world.commands import bench_from_args
+    from vllm_sparrow.cli import build_parser
+
+    cfg = bench_from_args(build_parser().parse_args(["bench", "--with-ablations", "--ablation", "k8=x@8"]))
+    shipped = sorted(d.name for d in (Path(cfg.sparrow).parent / "ablations").iterdir())
+    assert shipped and sorted(cfg.ablations) == sorted(shipped + ["k8"])
+    assert all(Path(cfg.ablations[name]).parent.parent == Path(cfg.sparrow).parent for name in shipped)
+    hard = bench_from_args(build_parser().parse_args(["bench", "--world", "hard"]))
+    assert Path(hard.target).parent.name == "world-hard" and hard.max_tokens == 640

@@ -1,6 +1,6 @@
 """Would tree verification pay? Chains vs tree search vs trees on held-out clips.
 
-    python benchmarks/tree_replay.py [--models models/world] [--lengths 512,17408] [--clips 4]
+    python benchmarks/tree_replay.py [--world easy|hard] [--models DIR] [--lengths 512,17408] [--clips 4]
                                      [--out runs/tree-replay]
 
 Captures held-out benchmark scenes (the bench's clips, seeds no draft trained on) with the demo
@@ -22,14 +22,15 @@ from pathlib import Path
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="models/world")
+    ap.add_argument("--world", default="easy", choices=("easy", "hard"))
+    ap.add_argument("--models", default=None, help="default: the world's demo models")
     ap.add_argument("--lengths", default="512,17408")
     ap.add_argument("--clips", type=int, default=4)
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--out", default="runs/tree-replay")
     args = ap.parse_args(argv)
     from sparrow_world.bench.clips import eval_clips
-    from sparrow_world.bench.config import BenchConfig
+    from sparrow_world.bench.config import MODELS, BenchConfig
     from sparrow_world.bench.run import environment
     from vllm_sparrow.checkpoint import load_draft
     from vllm_sparrow.durable import atomic_write_json, atomic_write_text
@@ -38,10 +39,10 @@ def main(argv=None) -> int:
     from vllm_sparrow.training.target_runner import HFTarget
     from vllm_sparrow.training.tree_replay import replay_trees
 
-    out, models = Path(args.out), Path(args.models)
+    out, models = Path(args.out), Path(args.models or MODELS[args.world])
     lengths = [int(x) for x in args.lengths.split(",")]
-    bench = BenchConfig()
-    clips = eval_clips(out / "clips", tuple(lengths), args.clips, bench.seed0)
+    bench = BenchConfig(world=args.world, target=str(models / "target"), sparrow=str(models / "sparrow"))
+    clips = eval_clips(out / "clips", tuple(lengths), args.clips, bench.seed0, args.world)
     target = HFTarget(str(models / "target"))
     draft = load_draft(models / "sparrow")
     nodes = (2, 4, 8, 16, 32)

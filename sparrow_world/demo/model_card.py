@@ -27,20 +27,21 @@ def _prod(shape) -> int:
     return n
 
 
-def target_accuracy(target: Path) -> dict:
+def target_accuracy(target: Path, world: str = "easy") -> dict:
     """`train_target.evaluate` on the training run's held-out scenes, with the shipped weights."""
     import torch
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
     from ..tiny_targets import make_prompt
     from ..world import WorldConfig
-    from ..world.caption import PROMPT
+    from ..world.languages import language
     from .target_data import WorldBatches
     from .train_target import EVAL_SEED0, LONG_EVAL_SCENES, LONG_EVAL_SECONDS, evaluate
 
     tok = AutoTokenizer.from_pretrained(target)
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(target, dtype=torch.float32)
-    data = WorldBatches(tok, make_prompt("qwen2_5_vl", tok, PROMPT, media="video"))
+    words = language(world)
+    data = WorldBatches(tok, make_prompt("qwen2_5_vl", tok, words.prompt, media="video"), words)
     short = [data.sample(EVAL_SEED0 + i, WorldConfig(duration_s=16)) for i in range(32)]
     long = [data.sample(EVAL_SEED0 + i, WorldConfig(duration_s=LONG_EVAL_SECONDS)) for i in range(LONG_EVAL_SCENES)]
     return evaluate(model, data, short, batch_size=8, long_samples=long)
@@ -51,6 +52,26 @@ def _recommended_depth(models: Path) -> int:
         "speculative_tokens"]
 
 
+WORLD_TEXT = {"easy": "one template, one right caption per scene",
+              "hard": "near-even choices of sentence shape, synonyms and optional clauses, counts and event times"}
+STRUCT_TEXT = {
+    "easy": "`struct` words come from the caption's template; `colour` (which colour comes next), `shape`, `size` and "
+            "`motion` can only come from the video, so a blank video drops them to the text prior.",
+    "hard": "`struct` words are the phrasing; `colour`, `shape` and `count` have one right word each, so they show "
+            "what the target reads from the video; `size`, `motion` and `time` words have synonyms drawn near-evenly, "
+            "so teacher-forced accuracy on them is capped by the choice (the benchmark scores captions by meaning)."}
+
+
+def models_arg(models: Path) -> str:
+    """The --models argument that names `models` (relative to the checkout where it is inside)."""
+    from ..paths import REPO
+
+    try:
+        return str(models.resolve().relative_to(REPO))
+    except ValueError:
+        return str(models)
+
+
 def write_card(models: Path, work: Path, bench: Path | None) -> Path:
     build = json.loads((models / "build.json").read_text())
     log = read_jsonl(work / "target" / "train_log.jsonl")
@@ -59,14 +80,18 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
     cfg = build["config"]
     t = cfg["target"]
     ext = t["extension"]
+    world = cfg.get("world", "easy")
+    flag = " --world hard" if world == "hard" else ""
     lines = [
         "# World demo models: target captioner, Sparrow draft, EAGLE-1-style and EAGLE-3 baselines",
         "",
-        "Trained from scratch on this project's synthetic video world (`sparrow_world/world`) by",
-        "`sparrow demo build` on a 2-core CPU. Regenerate everything (about 1.5 hours, resumable):",
+        f"Trained from scratch on this project's synthetic video world (`sparrow_world/world`), the {world} world's"
+        f" captions ({WORLD_TEXT[world]}), by `sparrow demo build` on a 2-core CPU. Regenerate everything"
+        " (resumable):",
         "",
-        "    make setup && .venv/bin/sparrow demo build --models models/world --workdir runs/world-build",
-        "    .venv/bin/sparrow bench --with-ablations --out runs/bench && .venv/bin/sparrow demo card --bench runs/bench",
+        f"    make setup && .venv/bin/sparrow demo build{flag} --models {models_arg(models)} --workdir {models_arg(work)}",
+        f"    .venv/bin/sparrow bench{flag} --with-ablations --out runs/bench && .venv/bin/sparrow demo card{flag}"
+        " --bench runs/bench",
         "",
         "| part | folder | parameters | format |",
         "|---|---|---|---|",
@@ -80,7 +105,9 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
         "## Target",
         f"- {cfg['target']['num_layers']} LM layers of width {cfg['target']['hidden_size']} (head dim 32, GQA 4:2),"
         " a 2-block vision tower of width 64 (trained with dense labels of what is under each visual token beside the"
-        f" captions, weight {t.get('vision_aux_weight', 0)}); byte-level BPE tokenizer of 512 tokens; Qwen2.5-VL processor at"
+        f" captions, weight {t.get('vision_aux_weight', 0)}"
+        + (f"; it started from {t['vision_from']}'s trained tower, as real VLMs start from a pretrained vision"
+           " encoder" if t.get("vision_from") else "") + "); byte-level BPE tokenizer of 512 tokens; Qwen2.5-VL processor at"
         " 112x112, 2 fps: one merged visual token per 28x28 px per second (16 per second).",
         f"- Trained for {last['step']} steps ({last['minutes']:.0f} min wall clock) on freshly drawn clips (no clip seen"
         f" twice): a main stage of {t['minutes']:.0f} min (batch {t['batch_size']}, AdamW lr {t['lr']}, cosine over the"
@@ -101,7 +128,7 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
         " as right when all its tokens are (circle and cross share their first token):",
         "",
     ]
-    acc = target_accuracy(models / "target")
+    acc = target_accuracy(models / "target", world)
     lines += ["| word kind | " + " | ".join(k for k in acc["acc"]) + " |", "|---|" + "---|" * len(acc["acc"])]
     labels = {"acc": "real video", "acc_stretch100": "positions stretched 100x", "acc_long": "real 256 s clips",
               "acc_blank": "blank video"}
@@ -111,8 +138,7 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
         lines += ["", "The training-only vision heads read off the held-out clips' merged visual tokens (what the world "
                   "drew under each token, `sparrow_world/demo/vision_aux.py`): " +
                   ", ".join(f"{k} {v:.2f}" for k, v in last["vision"].items()) + "."]
-    lines += ["", "`struct` words come from the caption's template; `colour` (which colour comes next), `shape`, "
-              "`size` and `motion` can only come from the video, so a blank video drops them to the text prior.", "",
+    lines += ["", STRUCT_TEXT[world], "",
               "## Drafts", f"- Trained by the project's pipeline on a capture of {build.get('capture')} "
               f"({', '.join(f'{n} clips of {s} s' for s, n in cfg['draft_clips'].items())}); the target wrote every caption.",
               f"- Sparrow: IVSB (visual states on {1 - cfg['visual_drop']:.0%} of the samples) + MTP "

@@ -100,7 +100,7 @@ def add_demo(sub) -> None:
     d.add_argument("--extension-minutes", type=float, default=None,
                    help="build: the target's long-clip extension stage, minutes (default: TargetTrainConfig's)")
     d.add_argument("--max-tokens", type=int, default=None,
-                   help="run: longest caption, in tokens (default: the world's, 320 easy, 640 hard)")
+                   help="run: longest caption, in tokens (default: 320)")
     d.add_argument("--log", default="runs/demo/vllm.log",
                    help="run: where vLLM's own output goes ('-': to the terminal with the report)")
     d.set_defaults(fn=_demo)

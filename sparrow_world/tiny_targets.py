@@ -13,7 +13,9 @@ purpose); Qwen's M-RoPE sections must sum to head_dim / 2 ([4, 6, 6]). Vision to
 blocks of width 64.
 
 All kinds share one tokenizer of 512 tokens (502 byte-level BPE + 10 specials), so these ids
-hold for every kind (``special_token_ids()`` returns them by name):
+hold for every kind (``special_token_ids()`` returns them by name). ``corpus`` trains the BPE on
+more text (the hard world's captions: its words become single tokens, as common words are in a
+real tokenizer); the special ids stay:
 
     <|endoftext|> 502 (pad, bos_token_id)   <|im_start|> 503     <|im_end|> 504 (eos)
     <|vision_start|> 505    <|vision_end|> 506    <|vision_pad|> 507 (unused)
@@ -179,6 +181,7 @@ def build_tiny_target(
     num_layers: int = 2,
     vocab_extra: int = 0,
     init_range: float | None = None,
+    corpus: str = "",
 ) -> Path:
     """Write a tiny random ``kind`` model folder to ``out_dir`` and return its path.
 
@@ -195,7 +198,7 @@ def build_tiny_target(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = _make_tokenizer(kind)
+    tokenizer = _make_tokenizer(kind, corpus)
     config = _make_config(kind, len(tokenizer) + vocab_extra, hidden_size, num_layers)
     if init_range is not None:
         config.initializer_range = init_range
@@ -236,9 +239,10 @@ def _load_tokenizer(model_dir: str) -> Any:
 # --------------------------------------------------------------------------- tokenizer
 
 
-@lru_cache(maxsize=1)
-def _bpe_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """Train the byte-level BPE once per process (deterministic; ~30 ms)."""
+@lru_cache(maxsize=2)
+def _bpe_vocab_and_merges(corpus: str = "") -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Train the byte-level BPE on _CORPUS plus `corpus`, once per process and corpus
+    (deterministic; ~30 ms)."""
     from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -255,7 +259,7 @@ def _bpe_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte encodable
     )
-    tok.train_from_iterator([_CORPUS], trainer=trainer)
+    tok.train_from_iterator([_CORPUS + corpus], trainer=trainer)
     model = json.loads(tok.to_str())["model"]
     vocab: dict[str, int] = model["vocab"]
     if len(vocab) != BPE_VOCAB_SIZE:  # the corpus must be rich enough for all merges
@@ -263,11 +267,11 @@ def _bpe_vocab_and_merges() -> tuple[dict[str, int], list[tuple[str, str]]]:
     return vocab, [tuple(m) for m in model["merges"]]
 
 
-def _make_tokenizer(kind: str) -> Any:
+def _make_tokenizer(kind: str, corpus: str = "") -> Any:
     """Qwen2Tokenizer over the trained BPE, with the shared special tokens appended."""
     from transformers import Qwen2Tokenizer
 
-    vocab, merges = _bpe_vocab_and_merges()
+    vocab, merges = _bpe_vocab_and_merges(corpus)
     # Specials go into the BPE vocab itself so their ids are fixed (502..511) whatever order
     # transformers registers them in.
     tokenizer = Qwen2Tokenizer(

@@ -72,19 +72,33 @@ def test_one_scene_has_many_captions_and_each_scene_one_default():
     assert hard.caption(scene) == hard.caption(sample_scene(0, WorldConfig()))  # deterministic per scene
 
 
-def test_every_word_is_in_the_vocabulary_and_has_a_category(target_dirs):
-    from transformers import AutoTokenizer
-
+def test_every_word_is_in_the_vocabulary_and_has_a_category():
     words = set(hard.vocabulary())
     lang = language("hard")
-    tok = AutoTokenizer.from_pretrained(target_dirs("qwen2_5_vl"))  # the demo target's tokenizer
-    lengths = []
     for scene in SCENES:
-        text = hard.caption(scene)
-        assert set(text.split()) <= words
-        lengths.append(len(tok(text)["input_ids"]))
-    assert 150 <= min(lengths) and max(lengths) <= 600, (min(lengths), max(lengths))
+        assert set(hard.caption(scene).split()) <= words
     cats = {w: lang.category(w) for w in words}
     assert {cats["large"], cats["little"], cats["heading"], cats["keeps"], cats["left"]} == {"size", "motion"}
     assert cats["nine"] == "count" and cats["appears"] == "time" and cats["red"] == "colour"
     assert set(cats.values()) <= set(lang.categories)
+
+
+def test_the_hard_targets_tokenizer_spends_one_token_per_word(tmp_path, target_dirs):
+    """Its BPE is trained on the world's captions too, as a real tokenizer's is on common words;
+    the shared tokenizer (the easy world's) splits the same captions into 2.3 tokens a word,
+    most of them a word's predictable later pieces. The special token ids stay."""
+    from transformers import AutoTokenizer
+
+    from sparrow_world.tiny_targets import build_tiny_target, special_token_ids
+
+    own = AutoTokenizer.from_pretrained(build_tiny_target("qwen2_5_vl", tmp_path / "t", num_layers=1,
+                                                          corpus=language("hard").tokenizer_corpus()))
+    shared = AutoTokenizer.from_pretrained(target_dirs("qwen2_5_vl"))
+    held_out = [hard.caption(sample_scene(s, WorldConfig())) for s in range(10_000_000, 10_000_040)]
+    words = sum(len(c.split()) for c in held_out)
+    per_word = {name: sum(len(t(c)["input_ids"]) for c in held_out) / words for name, t in (("own", own),
+                                                                                         ("shared", shared))}
+    assert per_word["own"] < 1.1 and per_word["shared"] > 2.0, per_word
+    lengths = [len(own(c)["input_ids"]) for c in held_out]
+    assert 60 <= min(lengths) and max(lengths) <= 260, lengths
+    assert {t: own.convert_tokens_to_ids(t) for t in special_token_ids()} == special_token_ids()

@@ -75,6 +75,9 @@ class TargetTrainConfig:
     # a trained target whose vision tower (same width) this one starts from, as real VLMs start
     # from a pretrained vision encoder; None trains the tower from scratch too
     vision_from: str | None = None
+    # train the tokenizer's BPE on the world's captions too (languages.Language.tokenizer_corpus),
+    # so its words are single tokens as common words are in a real tokenizer
+    world_tokenizer: bool = False
     hidden_size: int = 128
     num_layers: int = 3
     init_range: float = 0.02  # the test models' 0.2 saturates a model that has to learn (measured:
@@ -110,8 +113,11 @@ def build_untrained(out: Path, cfg: TargetTrainConfig) -> Path:
     """The target's folder (config, tokenizer, processor, chat template), random weights."""
     from ..tiny_targets import build_tiny_target
 
+    from ..world.languages import language
+
+    corpus = language(cfg.world).tokenizer_corpus if cfg.world_tokenizer else None
     return build_tiny_target("qwen2_5_vl", out, seed=cfg.seed, hidden_size=cfg.hidden_size,
-                             num_layers=cfg.num_layers, init_range=cfg.init_range)
+                             num_layers=cfg.num_layers, init_range=cfg.init_range, corpus=corpus() if corpus else "")
 
 
 def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,

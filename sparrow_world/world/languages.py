@@ -34,6 +34,7 @@ class Language:
     category: Callable[[str], str]  # word -> its category
     facts: Callable[[str], set[str]] | None = None  # caption -> what it claims (hard only)
     scene_facts: Callable[[Scene], set[str]] | None = None
+    tokenizer_corpus: Callable[[], str] | None = None  # extra BPE training text (hard only)
 
 
 def _easy_category(word: str) -> str:
@@ -64,7 +65,7 @@ LANGUAGES = {
                      ("colour", "shape", "size", "motion", "struct", "end"), _easy_category),
     "hard": Language("hard", hard.PROMPT, hard.caption, hard.vocabulary,
                      ("colour", "shape", "size", "motion", "count", "time", "struct", "end"), _hard_category,
-                     hard.facts, hard.scene_facts),
+                     hard.facts, hard.scene_facts, hard.tokenizer_corpus),
 }
 
 

@@ -112,12 +112,16 @@ class TargetTrainConfig:
 def build_untrained(out: Path, cfg: TargetTrainConfig) -> Path:
     """The target's folder (config, tokenizer, processor, chat template), random weights."""
     from ..tiny_targets import build_tiny_target
-
     from ..world.languages import language
 
-    corpus = language(cfg.world).tokenizer_corpus if cfg.world_tokenizer else None
+    corpus = ""
+    if cfg.world_tokenizer:
+        words = language(cfg.world)
+        if words.tokenizer_corpus is None:
+            raise ValueError(f"the {cfg.world} world has no tokenizer corpus: train with world_tokenizer=False")
+        corpus = words.tokenizer_corpus()
     return build_tiny_target("qwen2_5_vl", out, seed=cfg.seed, hidden_size=cfg.hidden_size,
-                             num_layers=cfg.num_layers, init_range=cfg.init_range, corpus=corpus() if corpus else "")
+                             num_layers=cfg.num_layers, init_range=cfg.init_range, corpus=corpus)
 
 
 def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,

@@ -152,7 +152,7 @@ def _tune(args) -> int:
     from .training.tune import TuneConfig, tune
 
     cfg = from_args(TuneConfig, args)
-    log = Path(f"{cfg.out or cfg.draft.rstrip('/') + '.tune'}.vllm.log")
+    log = Path(f"{cfg.out}.vllm.log" if cfg.out else "sparrow-tune.vllm.log")  # not inside the draft's folder
     with logs_to(log) as term:  # vLLM's output goes to the log, the measurements to the terminal
         try:
             result = tune(cfg, progress=lambda line: print(line, file=term, flush=True))

@@ -122,6 +122,8 @@ def _requests(cfg: TuneConfig) -> tuple[list[dict], Any]:
 
     settings = _capture_settings(cfg.capture)
     data = cfg.data or settings["data"]
+    if not Path(data).is_file():
+        raise ValueError(f"{data} (the data the capture was made from) is not there from this folder: pass --data")
     good = [s for s in read_samples(data) if isinstance(s, Sample)][-cfg.samples:]
     if not good:
         raise ValueError(f"{data} has no usable sample to measure the step cost with")

@@ -102,3 +102,25 @@ def test_the_hard_targets_tokenizer_spends_one_token_per_word(tmp_path, target_d
     lengths = [len(own(c)["input_ids"]) for c in held_out]
     assert 60 <= min(lengths) and max(lengths) <= 260, lengths
     assert {t: own.convert_tokens_to_ids(t) for t in special_token_ids()} == special_token_ids()
+
+
+def test_a_caption_is_scored_by_meaning_whatever_its_phrasing(target_dirs):
+    """The bench's fact accuracy: every right phrasing scores 1; a wrong size scores less while
+    the object is still named."""
+    from dataclasses import replace
+
+    from transformers import AutoTokenizer
+
+    from sparrow_world.bench.run import caption_accuracy
+
+    tok = AutoTokenizer.from_pretrained(target_dirs("qwen2_5_vl"))
+    scene = SCENES[3]
+    truth, facts = hard.caption(scene), [frozenset(hard.scene_facts(scene))]
+    for seed in range(5):
+        said = tok(hard.caption(scene, seed))["input_ids"]
+        assert caption_accuracy(tok, [said], [truth], facts)["caption_fact_accuracy"] == 1.0
+    first = scene.objects[0]
+    resized = replace(scene, objects=(replace(first, size={"big": "small", "small": "big"}[first.size]),
+                                      *scene.objects[1:]))
+    scored = caption_accuracy(tok, [tok(hard.caption(resized))["input_ids"]], [truth], facts)
+    assert scored["caption_fact_accuracy"] < 1.0 and scored["object_recall"] == 1.0, scored

@@ -80,11 +80,12 @@ def tune(cfg: TuneConfig, progress=print) -> TuneResult:
     from .depth import choose_depth, depth_schedule
     from .step_cost import describe, measure_step_costs
 
-    est = _replay(cfg)
+    settings = _capture_settings(cfg.capture)  # a clear error for a folder that is no capture
+    est = _replay(cfg, settings["target"])
     tokens = choose_depth(est, 0.0, 0.0).tokens_per_step
     progress(f"replay: {est.drafts} drafts, tokens per step at depth {cfg.max_depth}: {tokens[-1]:.2f}")
-    requests, params = _requests(cfg)
-    costs = measure_step_costs(lambda depth: _engine(cfg, depth), requests, params, cfg.batch_sizes,
+    requests, params = _requests(cfg, settings)
+    costs = measure_step_costs(lambda depth: _engine(cfg, settings["target"], depth), requests, params, cfg.batch_sizes,
                                (1, cfg.max_depth), cfg.steps, progress)
     result = TuneResult(est, tokens, describe(costs), depth_schedule(est, {c.batch: c.per_token for c in costs}))
     if cfg.write:
@@ -99,20 +100,19 @@ def tune(cfg: TuneConfig, progress=print) -> TuneResult:
     return result
 
 
-def _replay(cfg: TuneConfig):
+def _replay(cfg: TuneConfig, target_dir: str):
     from ..checkpoint import load_draft
     from .acceptance import estimate_acceptance
     from .shards import ShardReader
     from .target_runner import HFTarget
 
-    _capture_settings(cfg.capture)  # a clear error for a folder that is no capture
     reader = ShardReader(cfg.capture)
     held_out = [reader[i] for i in range(max(0, len(reader) - cfg.samples), len(reader))]
-    target = HFTarget(reader.manifest.settings["target"])
+    target = HFTarget(target_dir)
     return estimate_acceptance(load_draft(cfg.draft), target, held_out, cfg.max_depth)
 
 
-def _requests(cfg: TuneConfig) -> tuple[list[dict], Any]:
+def _requests(cfg: TuneConfig, settings: dict) -> tuple[list[dict], Any]:
     """The held-out samples as vLLM requests (chat prompt + decoded media), and greedy params
     long enough that no request ends inside the timed steps."""
     from vllm import SamplingParams
@@ -120,7 +120,6 @@ def _requests(cfg: TuneConfig) -> tuple[list[dict], Any]:
     from .data import Sample, load_media, read_samples
     from .respond import templater_for
 
-    settings = _capture_settings(cfg.capture)
     data = cfg.data or settings["data"]
     if not Path(data).is_file():
         raise ValueError(f"{data} (the data the capture was made from) is not there from this folder: pass --data")
@@ -138,13 +137,13 @@ def _requests(cfg: TuneConfig) -> tuple[list[dict], Any]:
     return requests, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
 
 
-def _engine(cfg: TuneConfig, depth: int):
+def _engine(cfg: TuneConfig, target: str, depth: int):
     from ..batch_caption import open_engine
 
     spec = {"method": "sparrow", "model": cfg.draft, "num_speculative_tokens": depth}
     args = dict(limit_mm_per_prompt={"video": 1, "image": 1}, max_num_seqs=max(cfg.batch_sizes),
                 speculative_config=spec)
-    return open_engine(_capture_settings(cfg.capture)["target"], {**args, **cfg.engine_args})
+    return open_engine(target, {**args, **cfg.engine_args})
 
 
 def _capture_settings(capture: str) -> dict:

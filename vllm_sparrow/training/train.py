@@ -109,7 +109,23 @@ class TrainResult:
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
+    owns_group = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized()
     rank, world = _dist_init(cfg.device)
+    try:
+        result = _train(cfg, progress, rank, world)
+    except BaseException:
+        if owns_group:  # local teardown only: the other ranks fail on their own collectives
+            torch.distributed.destroy_process_group()
+        raise
+    if owns_group:
+        # A rank that left while rank 0 still exported and validated tore its gloo pairs down under
+        # live peers, and a CI run saw that rank abort (SIGABRT) at exit: all wait, then leave.
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    return result
+
+
+def _train(cfg: TrainConfig, progress: bool, rank: int, world: int) -> TrainResult:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     _check_config(out, cfg, rank)

@@ -88,13 +88,14 @@ def add_demo(sub) -> None:
                    help="run: caption the bundled clips without and with sparrow (default); build: retrain the "
                         "demo models from scratch; samples: rewrite the bundled clips; card: write the model card")
     d.add_argument("--bench", default=None, help="card: benchmark folder whose results go into the card")
-    d.add_argument("--world", default="easy", choices=("easy", "hard"),
-                   help="easy: the one-template world of models/world; hard: captions with real choice "
-                        "(models/world-hard)")
+    d.add_argument("--world", default="hard", choices=("hard", "easy"),
+                   help="hard (default): captions with real choice, as hard for a draft as real captioning "
+                        "(models/world-hard); easy: the one-template world of models/world, the test suite's smoke "
+                        "world")
     d.add_argument("--models", default=None, help="demo model folder (target, sparrow, eagle; default: the "
-                                                  "world's, models/world or models/world-hard)")
+                                                  "world's, models/world-hard or models/world)")
     d.add_argument("--workdir", default=None, help="build: intermediate files, resumable (default: "
-                                                   "runs/world-build or runs/world-hard-build)")
+                                                   "runs/world-hard-build or runs/world-build)")
     d.add_argument("--target-minutes", type=float, default=None,
                    help="build: the target's main training stage, minutes (default: TargetTrainConfig's)")
     d.add_argument("--extension-minutes", type=float, default=None,

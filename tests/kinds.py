@@ -80,6 +80,7 @@ KINDS = {
     "test_deep_drafts_are_lossless": "demo",
     "test_tune_chooses_depth_per_batch_size": "demo",
     "test_demo_models_caption_and_accept": "demo",
+    "test_hard_demo_models_caption_and_accept": "demo",
     "test_long_video_benchmark": "demo",
     "test_readme_offline_example_runs_as_written": "demo",
     "test_tensor_parallel_is_lossless": "demo",

@@ -1,6 +1,7 @@
-"""The shipped demo models (models/world): the target captions held-out world clips and needs the
-video to do it; the trained Sparrow draft is accepted far more often than an untrained one; with
-Sparrow the captions are the target's own, token for token, on the bundled sample videos."""
+"""The easy world's shipped models (models/world, the suite's smoke models): the target captions
+held-out world clips and needs the video to do it; the trained Sparrow draft is accepted far more
+often than an untrained one, and in vLLM as its held-out replay predicts. (`make demo` runs the
+hard world: test_hard_demo_models_caption_and_accept.py.)"""
 
 import os
 
@@ -73,23 +74,6 @@ def test_target_reads_long_clips_as_well_as_short_ones(target_eval):
     assert long["all"] > short["all"] - 0.01, (short, long)
     for kind in READS:
         assert long[kind] > blank[kind] + 0.25, (kind, long, blank)
-
-
-def test_captions_with_sparrow_equal_the_targets_on_the_sample_videos(tmp_path):
-    """`make demo` as a user runs it, here from another folder (the shipped models are found from
-    anywhere): the report on the terminal, vLLM's own output (Python logs, C++ warnings, progress
-    bars) in the log file; exit status 0: every caption identical."""
-    import subprocess
-    import sys
-
-    log = tmp_path / "vllm.log"
-    done = subprocess.run([sys.executable, "-m", "vllm_sparrow.cli", "demo", "--max-tokens", "160", "--log", str(log)],
-                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "caption with sparrow" in done.stdout and "mean acceptance length" in done.stdout
-    assert "identical to the target's greedy caption" in done.stdout
-    assert "Initializing a V1 LLM engine" not in done.stdout + done.stderr
-    assert "Initializing a V1 LLM engine" in log.read_text()
 
 
 def test_each_shipped_draft_is_accepted_in_vllm_as_its_held_out_replay_predicts(quick_bench):

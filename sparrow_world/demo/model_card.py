@@ -52,6 +52,9 @@ def _recommended_depth(models: Path) -> int:
         "speculative_tokens"]
 
 
+PUBLISHED = {"easy": "k3", "hard": "hard-k5"}  # benchmarks/publish.py's run of each world's table
+DEPTH_TEXT = {"easy": "measured in docs/benchmarks.md, Depth",
+              "hard": "the build's setting; `sparrow tune` measures the depth per batch size on a machine"}
 WORLD_TEXT = {"easy": "one template, one right caption per scene",
               "hard": "near-even choices of sentence shape, synonyms and optional clauses, counts and event times"}
 STRUCT_TEXT = {
@@ -125,7 +128,7 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
         "",
         "Held-out teacher-forced word accuracy, measured when this card was written (32 unseen 16 s scenes: real"
         " video, stretched positions, blank video; and 4 unseen 256 s scenes, 4,096 visual tokens). A word counts"
-        " as right when all its tokens are (circle and cross share their first token):",
+        " as right when all its tokens are" + (" (circle and cross share their first token):" if world == "easy" else ":"),
         "",
     ]
     acc = target_accuracy(models / "target", world)
@@ -145,7 +148,7 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
               f"({cfg['mtp_steps']} extra stages), text window {cfg['window_tokens']} + "
               f"{cfg['anchor_tokens']} anchors, {cfg['draft_steps']} steps, lr {cfg['draft_lr']}; built and "
               f"validated at K={cfg['speculative_tokens']}. Recommended depth K={_recommended_depth(models)} (its "
-              "config.json default; measured in docs/benchmarks.md, Depth).",
+              f"config.json default; {DEPTH_TEXT[world]}).",
               "- EAGLE-style baseline: same data and steps, reads every position (visual ones too), served by vLLM's `eagle`.",
               "- EAGLE-3 baseline: same data and steps, fuses the target's auxiliary states of every position (vLLM's"
               " default layers), training-time test over its own outputs, served by vLLM's `eagle3`.",
@@ -159,7 +162,7 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
         lines += ["", "## Through vLLM, per visual length (`sparrow bench`)",
                   f"Measured {env['date']} on {env['gpu'] or 'CPU only (%s cores)' % env['cpu_count']}, vLLM "
                   f"{env['vllm']}, on held-out scenes: the table is published once, in "
-                  "`benchmarks/results/k3.md` (summary in the repository's README)."]
+                  f"`benchmarks/results/{PUBLISHED[world]}.md` (summary in the repository's README)."]
     path = models / "README.md"
     atomic_write_text(path, "\n".join(lines) + "\n")
     return path

@@ -16,7 +16,7 @@ from vllm_sparrow.logs import logs_to
 
 from ..paths import REPO
 
-MODELS = REPO / "models" / "world"
+MODELS = REPO / "models" / "world-hard"  # `sparrow demo`'s default world
 SAMPLES = REPO / "examples" / "videos"
 
 
@@ -28,7 +28,7 @@ def sample_clips(folder: Path = SAMPLES) -> list[dict]:
     return [dict(row, path=folder / row["file"]) for row in json.loads(index.read_text())]
 
 
-def run_demo(models: Path = MODELS, max_tokens: int = 320, log: Path | None = None, world: str = "easy") -> int:
+def run_demo(models: Path = MODELS, max_tokens: int = 320, log: Path | None = None, world: str = "hard") -> int:
     """Returns 0 when every caption with sparrow equals the target's own. log: where vLLM's
     output goes (None: to the terminal with the report). world: how the models caption (the
     bundled clips are scenes of both worlds; the hard world scores captions by meaning)."""
@@ -50,7 +50,8 @@ def _run(models: Path, max_tokens: int, out, world: str) -> int:
 
     for part in ("target", "sparrow"):
         if not (models / part / "config.json").exists():
-            raise SystemExit(f"{models / part} is missing; rebuild the demo models with `sparrow demo build`")
+            raise SystemExit(f"{models / part} is missing; rebuild the demo models with "
+                             f"`sparrow demo build --world {world}`")
     clips = sample_clips()
     k = SparrowConfig.load(models / "sparrow").speculative_tokens  # the draft's recommended depth
     cfg = BenchConfig(world=world, target=str(models / "target"), sparrow=str(models / "sparrow"),

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the demo kit's report, when run as a script
 RESULTS = ROOT / "benchmarks" / "results"
 DRAFT = "models/world/sparrow"
+HARD = "models/world-hard/sparrow"
 
 # name -> (command, minutes here). Each writes <its --out>/results.json. A bench command names its
 # --k: the bench's default is the Sparrow draft's recommended depth (8 for the shipped draft), and
@@ -53,6 +54,9 @@ RUNS = {
     # The hard world (docs/benchmarks.md, "The two demo worlds"): the issue-29 calibration's K = 5.
     "hard-k5": ("sparrow bench --world hard --k 5 --methods none,sparrow,eagle,eagle3 "
                 "--out runs/published/hard-k5", 30),
+    "hard-depth-b1": ("sparrow bench --world hard --lengths 512,6144,24960 --methods none --batch-sizes 1 --k 5 "
+                      f"--ablation k3={HARD}@3 --ablation k5={HARD}@5 --ablation k8={HARD}@8 "
+                      f"--ablation adaptive={HARD}@8,stop_confidence=0.7 --out runs/published/hard-depth-b1", 15),
     "hard-tree-replay": ("python benchmarks/tree_replay.py --world hard --lengths 512,6144,17408 --clips 4 "
                          "--out runs/published/hard-tree-replay", 15),
 }
@@ -267,6 +271,19 @@ def depth() -> str:
         _equality("depth-b1", "depth-b16") + " " + _source("depth-b1", "depth-b16")
 
 
+def hard_depth() -> str:
+    """The hard world's draft at depths 3, 5, 8 and adaptive length (K = 8), batch 1."""
+    data = load("hard-depth-b1")
+    names = {"k3": "K = 3", "k5": "K = 5", "k8": "K = 8", "adaptive": "adaptive, K = 8"}
+    rows = []
+    for n in _lengths(data):
+        cells = [_cell(data, m, n) for m in names]
+        rows.append([_n(n)] + [f"{speedup(data, r):.2f}x ({r['acceptance_length']:.2f}, "
+                               f"{r['draft_tokens'] / r['drafts']:.1f})" for r in cells])
+    return _table(["visual tokens"] + list(names.values()), rows) + "\n\n" + _equality("hard-depth-b1") + " " + \
+        _source("hard-depth-b1")
+
+
 def k8_all() -> str:
     data = load("k8-all")
     lengths = _lengths(data)
@@ -386,6 +403,7 @@ def ivsb_keep() -> str:
 VIEWS = {"readme-k3": readme_k3, "readme-depth": readme_depth, "readme-cache": readme_cache,
          "readme-hard": readme_hard, "readme-hard-cache": readme_hard_cache, "hard-quality": hard_quality,
          "hard-k5": hard_k5, "hard-tree-replay": hard_tree_replay, "hard-trees": hard_trees,
+         "hard-depth": hard_depth,
          "readme-trees": readme_trees, "quality": quality, "ablations": ablations, "ivsb-replay": ivsb_replay,
          "batch": batch,
          "depth": depth, "k8-all": k8_all, "adaptive": adaptive, "tree-replay": tree_replay,

@@ -82,6 +82,9 @@ def measure_step_costs(open_engine, requests: list[dict], params, batch_sizes: l
     for depth in depths:
         llm = open_engine(depth)
         try:
+            # Untimed: an engine's first batches allocate and warm caches, and WARMUP_STEPS inside
+            # one batch did not cover that (the hard world's draft timed batch 1 slower than 4).
+            decode_step_seconds(llm, requests, params, max(batch_sizes), 1)
             for b in batch_sizes:
                 costs[b].seconds[depth] = decode_step_seconds(llm, requests, params, b, steps)
                 progress(f"depth {depth}, batch {b}: {1e3 * costs[b].seconds[depth]:.1f} ms per decode step")

@@ -109,8 +109,7 @@ class TrainResult:
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> TrainResult:
-    owns_group = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized()
-    rank, world = _dist_init(cfg.device)
+    rank, world, owns_group = _dist_init(cfg.device)
     try:
         result = _train(cfg, progress, rank, world)
     except BaseException:
@@ -425,16 +424,18 @@ def _log(out: Path, rank: int, row: dict) -> None:
         append_jsonl(out / "log.jsonl", row)
 
 
-def _dist_init(device: str) -> tuple[int, int]:
-    """(rank, world size) under torchrun (its WORLD_SIZE and LOCAL_RANK, which envs.py leaves to
-    their owner), else (0, 1). NCCL for GPU training, gloo for CPU tensors."""
+def _dist_init(device: str) -> tuple[int, int, bool]:
+    """(rank, world size, whether this call formed the process group) under torchrun (its
+    WORLD_SIZE and LOCAL_RANK, which envs.py leaves to their owner), else (0, 1, False). NCCL for
+    GPU training, gloo for CPU tensors; a group the caller formed is the caller's to destroy."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not torch.distributed.is_initialized():
+    formed = world > 1 and not torch.distributed.is_initialized()
+    if formed:
         on_gpu = torch.device(device).type == "cuda"
         if on_gpu:  # before the group forms: "cuda" is then this rank's own GPU
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         torch.distributed.init_process_group("nccl" if on_gpu else "gloo")
-    return (torch.distributed.get_rank(), world) if world > 1 else (0, 1)
+    return (torch.distributed.get_rank(), world, formed) if world > 1 else (0, 1, False)
 
 
 def _average_grads(opt, world: int) -> None:

@@ -20,6 +20,7 @@ KINDS = {
     "test_environment_is_read_in_one_place": "fast",
     "test_modules_meet_through_public_interfaces": "fast",
     "test_mtp_stages_replay_inference": "fast",
+    "test_visual_kv_baselines_train_on_long_videos": "fast",
     "test_product_never_imports_the_kit": "fast",
     "test_published_numbers_come_from_their_files": "fast",
     "test_serving_layer_matches_training_model": "fast",

@@ -99,7 +99,8 @@ def estimate_acceptance_full_stream(draft, target, samples, k: int) -> Acceptanc
         tokens, hidden, positions = full_stream(sample)
         m = tokens.shape[0]
         stages = unrolled_stages(draft, target, tokens, hidden, torch.zeros(m - 2, dtype=torch.bool), k - 1, 0.0,
-                                 return_outputs=True, rope_positions=positions)
+                                 return_outputs=True, rope_positions=positions,
+                                 first_entry=int(sample["prompt_len"]) - 1)  # the first proposal's entry
         proposals = [target.logits(s.outputs).argmax(-1) for s in stages]  # k x [m-2]
         greedy = target.logits(hidden).argmax(-1)  # [m]
         c = int(sample["prompt_len"])  # first response token: sampled after the prefill
@@ -124,7 +125,8 @@ def estimate_acceptance_eagle3(draft, draft_io, target_io, samples, k: int, stre
         tokens, positions, aux = stream(sample, dev)
         m = tokens.shape[0]
         stages = unrolled_stages(draft, draft_io, tokens, draft.fuse(aux), torch.zeros(m - 2, dtype=torch.bool,
-                                 device=dev), k - 1, 0.0, return_outputs=True, rope_positions=positions)
+                                 device=dev), k - 1, 0.0, return_outputs=True, rope_positions=positions,
+                                 first_entry=int(sample["prompt_len"]) - 1)
         proposals = [draft_io.logits(s.outputs).argmax(-1) for s in stages]  # k x [m-2]
         is_visual = sample["is_visual"].to(dev)
         greedy = torch.full((m,), -1, dtype=torch.long, device=dev)  # the target's choice after each text token

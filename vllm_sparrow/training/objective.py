@@ -8,6 +8,15 @@ prediction for position t (made by entry t-1) in place of h[t], and attends, exa
 serve time, to stage-0 keys of committed positions <= t-s (under the anchor + window rule) and
 to the chain's own keys at positions t-s+1..t, one from each stage 1..s. Losses of all stages
 are joined with weights. IVSB visual keys (ivsb.py) are visible to every stage.
+
+Only entries from `first - mtp_steps` on are attended (first: the first entry whose output counts),
+which is exact for entries >= first: stage s at entry t reads stage i < s outputs of entries
+>= t - s only (its input y_{s-1}[t-1]; its chain keys at t-s+1..t, made from y_{j-1}[t-s+j-1]).
+Worked example, mtp_steps 2, a 25,000-position EAGLE stream whose response starts at entry
+24,700: queries are entries 24,698..24,999 (302 rows) against all 25,000 stage-0 keys and
+302 keys per chain block, so stage 2's masks are [302, 25,604] rather than [25,000, 75,000]
+(1.9 GB of mask, and 30 GB of float32 attention weights over 4 heads): the visual-KV
+baselines train on long videos too (tests/test_visual_kv_baselines_train_on_long_videos.py).
 """
 
 from __future__ import annotations
@@ -29,10 +38,12 @@ class StageResult:
     outputs: torch.Tensor | None = None  # [n, H] the stage's predictions (tests, analysis)
 
 
-def stage_masks(n: int, stage: int, spec: WindowSpec) -> list[torch.Tensor]:
-    """For stage s, one [n, n] mask per key block: stage-0 keys, then stages 1..s."""
-    q = torch.arange(n)
-    base = spec.mask(q, q) & (q[None, :] <= (q[:, None] - stage))  # committed keys only
+def stage_masks(n: int, stage: int, spec: WindowSpec, first: int = 0) -> list[torch.Tensor]:
+    """For stage s, one mask per key block, queries entries first..n-1: stage-0 keys (every
+    entry: [n - first, n]), then stages 1..s (entries first..n-1 only: [n - first, n - first],
+    as a query's chain keys are at most s entries behind it)."""
+    q, k = torch.arange(first, n), torch.arange(n)
+    base = spec.mask(q, k) & (k[None, :] <= (q[:, None] - stage))  # committed keys only
     chain = [q[None, :] == (q[:, None] - stage + j) for j in range(1, stage + 1)]
     return [base] + chain
 
@@ -61,16 +72,23 @@ def _attend_fn(masks: list[torch.Tensor], keys: list[tuple[torch.Tensor, torch.T
 def unrolled_stages(draft: SparrowDraftModel, io, tokens: torch.Tensor, hidden: torch.Tensor,
                     scored: torch.Tensor, mtp_steps: int, hidden_loss_weight: float,
                     visual: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                    return_outputs: bool = False, rope_positions: torch.Tensor | None = None
-                    ) -> list[StageResult]:
+                    return_outputs: bool = False, rope_positions: torch.Tensor | None = None,
+                    first_entry: int | None = None) -> list[StageResult]:
     """Stages 0..mtp_steps on one text stream.
 
     tokens [m], hidden [m, H]; scored [m-2] bool: entries whose prediction counts (response
     tokens); visual: (keys [V, kv, d], values, text index of each [V]) or None;
     rope_positions [m]: rotary position of each token (default: its index, Sparrow's text
     index). A chained entry at stage s sits s positions past its committed entry.
+    first_entry: outputs of earlier entries are not computed (see the module docstring); None:
+    the first scored entry, or 0 when return_outputs.
     """
     n = tokens.shape[0] - 2
+    if first_entry is None:
+        first_entry = 0 if return_outputs or not bool(scored.any()) else int(scored.nonzero()[0, 0])
+    if bool(scored[:first_entry].any()):
+        raise ValueError(f"scored entries before first_entry {first_entry}: their outputs are not computed")
+    lo = max(0, min(first_entry, n) - mtp_steps)  # first attended entry
     spec = WindowSpec(draft.cfg.anchor_tokens, draft.cfg.window_tokens)
     pos = torch.arange(n, device=hidden.device)
     emb = io.embed(tokens[1 : n + 1]).detach()  # [n, H] embedding of x[t+1]
@@ -78,15 +96,18 @@ def unrolled_stages(draft: SparrowDraftModel, io, tokens: torch.Tensor, hidden: 
     vis = None
     if visual is not None and visual[0].shape[0]:
         vk, vv, vpos = visual
-        vis = (vk, vv, vpos[None, :] <= pos[:, None].cpu())  # [n, V] causal in text index
+        vis = (vk, vv, vpos[None, :] <= pos[lo:, None].cpu())  # [n - lo, V] causal in text index
     results, keys, inputs = [], [], hidden[:n]
     for stage in range(mtp_steps + 1):
-        masks = stage_masks(n, stage, spec)
+        masks = stage_masks(n, stage, spec, lo)
         cache = {}
 
-        def attend(q, k, v, _m=masks):
+        def attend(q, k, v, _m=masks, _s=stage):  # q [n, heads, d]: rows before lo are left zero
+            if _s:  # a chain block: keys of entries lo.. only
+                k, v = k[lo:], v[lo:]
             cache["kv"] = (k, v)
-            return _attend_fn(_m, keys, vis)(q, k, v)
+            out = _attend_fn(_m, keys, vis)(q[lo:], k, v)  # [n - lo, heads, d]
+            return out if lo == 0 else torch.cat([out.new_zeros((lo, *out.shape[1:])), out])
 
         rope = pos if rope_positions is None else rope_positions[:n].to(pos.device)
         if stage and rope_positions is not None:  # serving: chain position = committed + s

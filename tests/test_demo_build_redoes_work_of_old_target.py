@@ -1,13 +1,16 @@
-"""`sparrow demo build` resumes every stage, but captures and draft runs belong to one set of
-target weights: when the target is retrained (or trained longer), the build must redo them, not
-extend a capture of the old target or resume drafts trained on it."""
+"""`sparrow demo build` resumes every stage, but captures and draft runs belong to one capture
+recipe (the target's weights, the capture settings, the clips' data file): when the target is
+retrained, the capture asked for differently or the clips changed, the build must redo them, not
+extend a capture of the old recipe, refuse it, or resume drafts trained on it."""
+
+import dataclasses
 
 import torch
 from safetensors.torch import save_file
 
-from sparrow_world.demo.build import _forget_work_of_other_targets
-from vllm_sparrow.fingerprint import weights_fingerprint
-from vllm_sparrow.training.shards import Manifest, save_manifest
+from sparrow_world.demo.build import _forget_stale_work
+from vllm_sparrow.training.capture import CaptureConfig
+from vllm_sparrow.training.shards import Manifest, data_lines_digest, save_manifest
 
 
 def _weights(folder, value: float) -> None:
@@ -15,40 +18,73 @@ def _weights(folder, value: float) -> None:
     save_file({"w": torch.full((4,), value)}, folder / "model.safetensors")
 
 
-def _work(work, target) -> list:
-    """A capture made by `target`'s current weights, and draft runs on it."""
+def _recipe(tmp_path, value: float = 1.0) -> CaptureConfig:
+    target, data = tmp_path / "target", tmp_path / "data.jsonl"
+    _weights(target, value)
+    if not data.exists():
+        data.write_text('{"video": "a.mp4"}\n{"video": "b.mp4"}\n')
+    return CaptureConfig(target=str(target), data=str(data), out=str(tmp_path / "work" / "capture"),
+                         max_seq_len=16384, engine=True)
+
+
+def _work(work, recipe: CaptureConfig) -> list:
+    """A capture made by `recipe` (settings as capture records them, ivsb_layer resolved), and draft runs on it."""
     derived = [work / "capture", work / "train-sparrow", work / "train-no-ivsb"]
     for d in derived:
         d.mkdir(parents=True, exist_ok=True)
-        (d / "state").write_text("from the first target")
-    save_manifest(work / "capture", Manifest({"target": str(target), "target_weights": weights_fingerprint(target)}))
+        (d / "state").write_text("from the first recipe")
+    lines, sha = data_lines_digest(recipe.data)
+    save_manifest(work / "capture", Manifest({**recipe.settings(), "ivsb_layer": 4},
+                                             data={"lines": lines, "sha256": sha}))
     return derived
 
 
-def test_build_resumes_work_of_the_same_target_weights(tmp_path):
-    target = tmp_path / "target"
-    _weights(target, 1.0)
-    derived = _work(tmp_path / "work", target)
-    _forget_work_of_other_targets(tmp_path / "work", target)
+def test_build_resumes_work_of_the_same_recipe(tmp_path):
+    recipe = _recipe(tmp_path)
+    derived = _work(tmp_path / "work", recipe)
+    _forget_stale_work(tmp_path / "work", recipe)
+    assert all((d / "state").exists() for d in derived)
+
+
+def test_build_resumes_a_capture_whose_data_file_grew(tmp_path):
+    recipe = _recipe(tmp_path)
+    derived = _work(tmp_path / "work", recipe)
+    with open(recipe.data, "a") as f:
+        f.write('{"video": "c.mp4"}\n')  # samples are indexed by line: appending is resumable
+    _forget_stale_work(tmp_path / "work", recipe)
     assert all((d / "state").exists() for d in derived)
 
 
 def test_build_redoes_capture_and_drafts_when_target_weights_change(tmp_path):
-    work, target = tmp_path / "work", tmp_path / "target"
-    _weights(target, 1.0)
-    derived = _work(work, target)
+    work = tmp_path / "work"
+    derived = _work(work, _recipe(tmp_path))
     (work / "clips").mkdir()  # clips do not depend on the target
-    _weights(target, 2.0)  # the target trained on
-    _forget_work_of_other_targets(work, target)
+    _forget_stale_work(work, _recipe(tmp_path, 2.0))  # the target trained on
     assert not any(d.exists() for d in derived)
     assert (work / "clips").exists()
 
 
+def test_build_redoes_capture_and_drafts_when_capture_settings_change(tmp_path, capsys):
+    work, recipe = tmp_path / "work", _recipe(tmp_path)
+    derived = _work(work, recipe)
+    _forget_stale_work(work, dataclasses.replace(recipe, max_seq_len=28672))  # longer clips
+    assert not any(d.exists() for d in derived)
+    assert "max_seq_len" in capsys.readouterr().out
+
+
+def test_build_redoes_capture_and_drafts_when_clips_change(tmp_path):
+    work, recipe = tmp_path / "work", _recipe(tmp_path)
+    derived = _work(work, recipe)
+    with open(recipe.data, "w") as f:  # a long clip listed first: every line moves
+        f.write('{"video": "long.mp4"}\n{"video": "a.mp4"}\n{"video": "b.mp4"}\n')
+    _forget_stale_work(work, recipe)
+    assert not any(d.exists() for d in derived)
+
+
 def test_build_redoes_draft_runs_left_without_their_capture(tmp_path):
-    work, target = tmp_path / "work", tmp_path / "target"
-    _weights(target, 1.0)
+    work = tmp_path / "work"
     (work / "train-sparrow").mkdir(parents=True)
-    _forget_work_of_other_targets(work, target)
+    _forget_stale_work(work, _recipe(tmp_path))
     assert not (work / "train-sparrow").exists()
 
 

@@ -37,6 +37,7 @@ KINDS = {
     "test_batch_captioning_resumes_and_keeps_errors": "engine",
     "test_capture_skips_bad_samples_and_resumes": "engine",
     "test_capture_keeps_a_share_of_ivsb_states": "engine",
+    "test_engine_capture_keeps_videos_past_the_default_encoder_cache": "engine",
     "test_capture_splits_over_processes_and_checks_the_disk": "engine",
     "test_cuda_graphs_and_bf16_are_lossless": "engine",
     "test_demo_build_redoes_work_of_old_target": "engine",

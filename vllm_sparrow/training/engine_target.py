@@ -38,8 +38,11 @@ def engine_args(max_seq_len: int, max_positions: int | None, user_args: dict[str
     # for; never past the model's positions (vLLM refuses that)
     length = min(max_seq_len + 1, max_positions or max_seq_len + 1)
     # float32 unless told otherwise: as the transformers capture and sparrow respond run the target
+    # max_num_batched_tokens >= the longest sample: vLLM sizes its encoder cache from it, and a
+    # video with more visual tokens than the cache is refused (a 768 s clip's 12,288 tokens
+    # against the CPU default's 4,096); a prompt is then prefilled in one step, as capture wants
     args = {"max_model_len": length, "limit_mm_per_prompt": {"image": 1, "video": 1}, "dtype": "float32",
-            **(user_args or {})}
+            "max_num_batched_tokens": max(length, 8192), **(user_args or {})}
     args.update(enforce_eager=True, enable_prefix_caching=False, worker_extension_cls=EXTENSION)
     return args
 

@@ -67,8 +67,11 @@ def test_tune_measures_steps_in_vllm_and_writes_the_schedule_its_costs_choose(tm
     result = json.loads(out.read_text())
     tokens = result["tokens_per_step"]
     assert len(tokens) == 8 and tokens == sorted(tokens) and tokens[-1] > 3, tokens  # the trained draft accepts
-    for row in result["costs"]:  # both depths timed at both batch sizes, in vLLM
+    for row in result["costs"]:  # both depths timed at both batch sizes, in vLLM, in two engine starts each
         assert set(row["ms_per_step"]) == {"1", "8"} and all(ms > 0 for ms in row["ms_per_step"].values()), row
+        assert all(len(ms) == 2 and row["ms_per_step"][k] == min(ms) for k, ms in row["ms_per_step_rounds"].items())
+    starts = [line.split(", batch")[0] for line in done.stdout.splitlines() if ", batch 1:" in line]
+    assert starts == ["round 1, depth 1", "round 1, depth 8", "round 2, depth 8", "round 2, depth 1"], starts
     replay = result["replay"]
     est = AcceptanceEstimate(replay["drafts"], sum(replay["per_position"]), replay["per_position"])
     expected = depth_schedule(est, {r["batch"]: r["per_token_cost"] for r in result["costs"]})

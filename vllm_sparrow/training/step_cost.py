@@ -14,6 +14,12 @@ their decode steps at each depth gives the line through the two points.
 A decode step is one `LLMEngine.step()` after every request of the batch has its first token
 (so no prefill is inside) while all of them still run (max_tokens keeps them running); the
 first `WARMUP_STEPS` are not timed (first-call allocations).
+
+Each depth's engine is started `rounds` times, the depths alternating (1, 8, 8, 1, ...), and a
+depth's cost is its fastest start's: engines vary from start to start (on a 2-core CPU one tune
+run's depth-1 engine ran 1.6-1.9x slower at every batch size than the same engine in two other
+runs, and that run chose depth 8 at batch 16 where the others chose 2-3), and one slow start
+would otherwise become the cost line.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ WARMUP_STEPS = 2
 @dataclass
 class StepCost:
     batch: int
-    seconds: dict[int, float] = field(default_factory=dict)  # depth -> median seconds per decode step
+    seconds: dict[int, float] = field(default_factory=dict)  # depth -> seconds per decode step (fastest start's)
+    rounds: dict[int, list[float]] = field(default_factory=dict)  # depth -> each engine start's median
 
     def line(self) -> tuple[float, float]:
         """(fixed, per_token) seconds through the shallowest and deepest measured depths."""
@@ -75,21 +82,26 @@ def decode_step_seconds(llm, requests: list[dict], params, batch: int, steps: in
 
 
 def measure_step_costs(open_engine, requests: list[dict], params, batch_sizes: list[int], depths: tuple[int, int],
-                       steps: int, progress=print) -> list[StepCost]:
+                       steps: int, progress=print, rounds: int = 2) -> list[StepCost]:
     """StepCost per batch size: open_engine(depth) gives an LLM serving the draft at `depth`
-    (closed here when done); each batch size decodes `steps` timed steps at each depth."""
+    (closed here when done); each batch size decodes `steps` timed steps at each depth, in each
+    of `rounds` engine starts per depth (the order of depths reversed every other round)."""
     costs = {b: StepCost(b) for b in batch_sizes}
-    for depth in depths:
-        llm = open_engine(depth)
-        try:
-            # Untimed: an engine's first batches allocate and warm caches, and WARMUP_STEPS inside
-            # one batch did not cover that (the hard world's draft timed batch 1 slower than 4).
-            decode_step_seconds(llm, requests, params, max(batch_sizes), 1)
-            for b in batch_sizes:
-                costs[b].seconds[depth] = decode_step_seconds(llm, requests, params, b, steps)
-                progress(f"depth {depth}, batch {b}: {1e3 * costs[b].seconds[depth]:.1f} ms per decode step")
-        finally:
-            llm.llm_engine.engine_core.shutdown()
+    for r in range(rounds):
+        for depth in depths if r % 2 == 0 else depths[::-1]:
+            llm = open_engine(depth)
+            try:
+                # Untimed: an engine's first batches allocate and warm caches, and WARMUP_STEPS inside
+                # one batch did not cover that (the hard world's draft timed batch 1 slower than 4).
+                decode_step_seconds(llm, requests, params, max(batch_sizes), 1)
+                for b in batch_sizes:
+                    seconds = decode_step_seconds(llm, requests, params, b, steps)
+                    costs[b].rounds.setdefault(depth, []).append(seconds)
+                    progress(f"round {r + 1}, depth {depth}, batch {b}: {1e3 * seconds:.1f} ms per decode step")
+            finally:
+                llm.llm_engine.engine_core.shutdown()
+    for cost in costs.values():
+        cost.seconds = {depth: min(times) for depth, times in cost.rounds.items()}
     return [costs[b] for b in batch_sizes]
 
 
@@ -99,6 +111,7 @@ def describe(costs: list[StepCost]) -> list[dict[str, Any]]:
     for c in costs:
         fixed, per_token = c.line()
         rows.append({"batch": c.batch, "ms_per_step": {str(k): round(1e3 * s, 3) for k, s in sorted(c.seconds.items())},
+                     "ms_per_step_rounds": {str(k): [round(1e3 * s, 3) for s in v] for k, v in sorted(c.rounds.items())},
                      "fixed_ms": round(1e3 * fixed, 3), "per_token_ms": round(1e3 * per_token, 3),
                      "per_token_cost": round(c.per_token, 4)})
     return rows

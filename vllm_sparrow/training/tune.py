@@ -7,7 +7,8 @@ the draft's held-out acceptance, written into its config.json for the plugin to 
    held-out tail, which gives the expected tokens per step at every depth (depth.py).
 2. Cost (step_cost.py): vLLM serves the draft at depth 1 and at `max_depth` on this machine,
    with the held-out samples' own prompts (their videos, so the verify step attends over the
-   context users send), and times the decode steps at each batch size.
+   context users send), and times the decode steps at each batch size; each depth's engine is
+   started `rounds` times and its fastest start counts.
 3. Choice: at each batch size, the depth with the most tokens per unit of step cost; written as
    vLLM's num_speculative_tokens_per_batch_size schedule (`depth_per_batch_size`) and the batch-1
    depth as `speculative_tokens`. A user's own num_speculative_tokens or schedule still wins.
@@ -50,6 +51,8 @@ class TuneConfig:
     max_depth: int = knob(MAX_SPECULATIVE_TOKENS, "deepest depth considered (the replay's depth; the cost is "
                                                   "measured at 1 and at this)")
     steps: int = knob(12, "decode steps timed per batch size and depth")
+    rounds: int = knob(2, "engine starts per depth, alternating depths; each depth costs its fastest start's "
+                          "time (engines vary from start to start)")
     num_frames: int = knob(16, "frames per video, as served", flag="--frames")
     write: bool = knob(False, "store the schedule and the batch-1 depth in the draft's config.json")
     out: str | None = knob(None, "also write the measurements and the choice as JSON here")
@@ -86,7 +89,7 @@ def tune(cfg: TuneConfig, progress=print) -> TuneResult:
     progress(f"replay: {est.drafts} drafts, tokens per step at depth {cfg.max_depth}: {tokens[-1]:.2f}")
     requests, params = _requests(cfg, settings)
     costs = measure_step_costs(lambda depth: _engine(cfg, settings["target"], depth), requests, params, cfg.batch_sizes,
-                               (1, cfg.max_depth), cfg.steps, progress)
+                               (1, cfg.max_depth), cfg.steps, progress, cfg.rounds)
     result = TuneResult(est, tokens, describe(costs), depth_schedule(est, {c.batch: c.per_token for c in costs}))
     if cfg.write:
         _write(cfg.draft, result.schedule)

@@ -59,6 +59,9 @@ RUNS = {
                       f"--ablation adaptive={HARD}@8,stop_confidence=0.7 --out runs/published/hard-depth-b1", 15),
     "hard-tree-replay": ("python benchmarks/tree_replay.py --world hard --lengths 512,6144,17408 --clips 4 "
                          "--out runs/published/hard-tree-replay", 15),
+    # Acceptance against length with 6 scenes a length (hard-k5 has 2): one round, speed aside.
+    "hard-k5-clips6": ("sparrow bench --world hard --k 5 --methods none,sparrow,eagle --clips 6 --rounds 1 "
+                       "--out runs/published/hard-k5-clips6", 15),
 }
 LABEL = {"sparrow": "Sparrow", "eagle": "EAGLE-1-style", "eagle3": "EAGLE-3"}
 
@@ -179,6 +182,22 @@ def _flatness(name: str) -> str:
     return (f"Sparrow's acceptance moves {100 * (s1 - s0) / s0:+.1f}% from {_n(first)} to {_n(last)} visual tokens, and "
             f"its draft cache is one fixed {ring:.1f} KiB ring per request at every length, while the KV vLLM keeps "
             f"for EAGLE's draft grows from {e0:.2f} to {e1:.2f} MiB per request {_files(name)}.")
+
+
+def hard_flatness() -> str:
+    """Acceptance per length relative to 512 visual tokens, each method, in both K = 5 runs."""
+    rows = []
+    for name in ("hard-k5", "hard-k5-clips6"):
+        data = load(name)
+        lengths, clips = _lengths(data), data["settings"]["clips_per_length"]
+        for m in ("sparrow", "eagle"):
+            acc = [_cell(data, m, n)["acceptance_length"] for n in lengths]
+            rows.append([f"{clips}", LABEL[m]] + [f"{a:.2f}" for a in acc] + [f"{acc[-1] / acc[0]:.3f}",
+                                                                             f"{min(acc) / acc[0]:.3f}"])
+    header = ["scenes a length", "method"] + [_n(n) for n in _lengths(load("hard-k5"))] + \
+        ["last / first", "lowest / first"]
+    return _table(header, rows) + "\n\n" + _equality("hard-k5", "hard-k5-clips6") + " " + \
+        _source("hard-k5", "hard-k5-clips6")
 
 
 def readme_trees() -> str:
@@ -403,7 +422,7 @@ def ivsb_keep() -> str:
 VIEWS = {"readme-k3": readme_k3, "readme-depth": readme_depth, "readme-cache": readme_cache,
          "readme-hard": readme_hard, "readme-hard-cache": readme_hard_cache, "hard-quality": hard_quality,
          "hard-k5": hard_k5, "hard-tree-replay": hard_tree_replay, "hard-trees": hard_trees,
-         "hard-depth": hard_depth,
+         "hard-depth": hard_depth, "hard-flatness": hard_flatness,
          "readme-trees": readme_trees, "quality": quality, "ablations": ablations, "ivsb-replay": ivsb_replay,
          "batch": batch,
          "depth": depth, "k8-all": k8_all, "adaptive": adaptive, "tree-replay": tree_replay,

@@ -243,13 +243,30 @@ def generate_each(llm, requests: list[dict], params) -> list:
         return [_one(llm, request, params) for request in requests]
 
 
+class RequestRefused(ValueError):
+    """vLLM's reason for refusing one request, with what to change where its own advice misleads."""
+
+
+# vLLM 0.32 says to raise --limit-mm-per-prompt; the cache is sized from max_num_batched_tokens
+ENCODER_CACHE_HINT = ("; sparrow: vLLM sizes its encoder cache from max_num_batched_tokens, so give "
+                      "--engine-args '{\"max_num_batched_tokens\": N}' with N at least the video's "
+                      "embedding tokens, or fewer frames")
+
+
+def refusal(error: Exception) -> RequestRefused:
+    text = str(error)
+    if "pre-allocated encoder cache size" in text:
+        text += ENCODER_CACHE_HINT
+    return RequestRefused(text)
+
+
 def _one(llm, request, params):
     from vllm.exceptions import VLLMClientError
 
     try:
         return llm.generate([request], params, use_tqdm=False)[0]
     except (ValueError, VLLMClientError) as e:
-        return e
+        return refusal(e)
 
 
 def _done_ids(out: Path, retry_errors: bool = False) -> set[str]:

@@ -57,8 +57,12 @@ RUNS = {
     "hard-depth-b1": ("sparrow bench --world hard --lengths 512,6144,24960 --methods none --batch-sizes 1 --k 5 "
                       f"--ablation k3={HARD}@3 --ablation k5={HARD}@5 --ablation k8={HARD}@8 "
                       f"--ablation adaptive={HARD}@8,stop_confidence=0.7 --out runs/published/hard-depth-b1", 15),
-    "hard-tree-replay": ("python benchmarks/tree_replay.py --world hard --lengths 512,6144,17408 --clips 4 "
-                         "--out runs/published/hard-tree-replay", 15),
+    "hard-tree-replay": ("python benchmarks/tree_replay.py --world hard --lengths 512,6144,17408,24960 --clips 4 "
+                         "--out runs/published/hard-tree-replay", 20),
+    "hard-ablations": ("sparrow bench --world hard --k 5 --methods none,sparrow --with-ablations "
+                       "--lengths 512,6144,24960 --clips 4 --rounds 1 --out runs/published/hard-ablations", 15),
+    "hard-batch": ("sparrow bench --world hard --lengths 512,6144 --batch-sizes 1,4,16 --methods sparrow,eagle,eagle3 "
+                   "--k 5 --out runs/published/hard-batch", 15),
     # Acceptance against length with 6 scenes a length (hard-k5 has 2): one round, speed aside.
     "hard-k5-clips6": ("sparrow bench --world hard --k 5 --methods none,sparrow,eagle --clips 6 --rounds 1 "
                        "--out runs/published/hard-k5-clips6", 15),
@@ -185,19 +189,21 @@ def _flatness(name: str) -> str:
 
 
 def hard_flatness() -> str:
-    """Acceptance per length relative to 512 visual tokens, each method, in both K = 5 runs."""
+    """Acceptance per length relative to 512 visual tokens, each method, in every hard K = 5 run
+    that has batch 1 at 512 and 24,960 visual tokens ("-": a length that run did not measure)."""
+    runs = ("hard-k5", "hard-k5-clips6", "hard-ablations")
+    header_lengths = _lengths(load("hard-k5"))
     rows = []
-    for name in ("hard-k5", "hard-k5-clips6"):
+    for name in runs:
         data = load(name)
         lengths, clips = _lengths(data), data["settings"]["clips_per_length"]
-        for m in ("sparrow", "eagle"):
-            acc = [_cell(data, m, n)["acceptance_length"] for n in lengths]
-            rows.append([f"{clips}", LABEL[m]] + [f"{a:.2f}" for a in acc] + [f"{acc[-1] / acc[0]:.3f}",
-                                                                             f"{min(acc) / acc[0]:.3f}"])
-    header = ["scenes a length", "method"] + [_n(n) for n in _lengths(load("hard-k5"))] + \
-        ["last / first", "lowest / first"]
-    return _table(header, rows) + "\n\n" + _equality("hard-k5", "hard-k5-clips6") + " " + \
-        _source("hard-k5", "hard-k5-clips6")
+        for m in (m for m in ("sparrow", "eagle") if any(r["method"] == m for r in data["records"])):
+            acc = {n: _cell(data, m, n)["acceptance_length"] for n in lengths}
+            first, last = acc[header_lengths[0]], acc[header_lengths[-1]]
+            rows.append([f"{clips}", LABEL[m]] + [f"{acc[n]:.2f}" if n in acc else "-" for n in header_lengths]
+                        + [f"{last / first:.3f}", f"{min(acc.values()) / first:.3f}"])
+    header = ["scenes a length", "method"] + [_n(n) for n in header_lengths] + ["last / first", "lowest / first"]
+    return _table(header, rows) + "\n\n" + _equality(*runs) + " " + _source(*runs)
 
 
 def readme_trees() -> str:
@@ -249,13 +255,14 @@ ABLATIONS = {"no-mtp": "MTP off", "no-ivsb": "IVSB off", "no-window": "text wind
              "ivsb-all": "IVSB on every sample (paper)"}
 
 
-def ablations() -> str:
-    data = load("k3")
+def ablations(name: str = "k3") -> str:
+    """Acceptance length of every ablation beside the shipped draft, per length."""
+    data = load(name)
     lengths = _lengths(data)
     rows = [["Sparrow (shipped)"] + [f"{_cell(data, 'sparrow', n)['acceptance_length']:.2f}" for n in lengths]]
     rows += [[label] + [f"{_cell(data, m, n)['acceptance_length']:.2f}" for n in lengths]
              for m, label in ABLATIONS.items()]
-    return _table(["draft"] + [_n(n) for n in lengths], rows) + "\n\n" + _equality("k3") + " " + _source("k3")
+    return _table(["draft"] + [_n(n) for n in lengths], rows) + "\n\n" + _equality(name) + " " + _source(name)
 
 
 def ivsb_replay() -> str:
@@ -267,15 +274,16 @@ def ivsb_replay() -> str:
         "From `models/world/build.json`, written by `sparrow demo build --models models/world`."
 
 
-def batch() -> str:
-    data = load("batch")
+def batch(name: str = "batch") -> str:
+    """Decode speedup (draft ms per step) of every method per length and batch size."""
+    data = load(name)
     rows = []
     for n in _lengths(data):
         for b in sorted({r["batch"] for r in data["records"]}):
             cells = [_cell(data, m, n, b) for m in ("sparrow", "eagle", "eagle3")]
             rows.append([_n(n), str(b)] + [f"{speedup(data, r):.2f} ({r['draft_ms_per_step']:.2f})" for r in cells])
     return _table(["visual tokens", "batch", "Sparrow", "EAGLE-1-style", "EAGLE-3"], rows) + "\n\n" + \
-        _equality("batch") + " " + _source("batch")
+        _equality(name) + " " + _source(name)
 
 
 def depth() -> str:
@@ -328,10 +336,12 @@ def adaptive() -> str:
 def tree_replay(name: str = "tree-replay") -> str:
     data = load(name)
     nodes = sorted(int(k) for k in data["records"][0]["tree"])
+    sure = all("target_top1" in r for r in data["records"])  # runs before it was recorded lack it
     rows = [[_n(r["visual_tokens"]), str(r["verify_points"])] + [f"{r['chain'][str(d)]:.2f}" for d in (2, 4, 8)]
-            + [f"{r['search']['4']:.2f}"] + [f"{r['tree'][str(k)]:.2f}" for k in nodes] for r in data["records"]]
+            + [f"{r['search']['4']:.2f}"] + [f"{r['tree'][str(k)]:.2f}" for k in nodes]
+            + ([f"{r['target_top1']:.3f}"] if sure else []) for r in data["records"]]
     header = (["visual tokens", "verify points"] + [f"chain {d}" for d in (2, 4, 8)] + ["search 4"]
-              + [f"tree {k}" for k in nodes])
+              + [f"tree {k}" for k in nodes] + (["target top-1"] if sure else []))
     return _table(header, rows) + "\n\n" + _source(name)
 
 
@@ -423,6 +433,7 @@ VIEWS = {"readme-k3": readme_k3, "readme-depth": readme_depth, "readme-cache": r
          "readme-hard": readme_hard, "readme-hard-cache": readme_hard_cache, "hard-quality": hard_quality,
          "hard-k5": hard_k5, "hard-tree-replay": hard_tree_replay, "hard-trees": hard_trees,
          "hard-depth": hard_depth, "hard-flatness": hard_flatness,
+         "hard-ablations": lambda: ablations("hard-ablations"), "hard-batch": lambda: batch("hard-batch"),
          "readme-trees": readme_trees, "quality": quality, "ablations": ablations, "ivsb-replay": ivsb_replay,
          "batch": batch,
          "depth": depth, "k8-all": k8_all, "adaptive": adaptive, "tree-replay": tree_replay,

@@ -9,7 +9,8 @@ the shipped Sparrow draft's greedy chains of depth 1..8, its EAGLE-2-style searc
 and trees of N of the search's best nodes verified as tree attention would
 (vllm_sparrow/training/tree_replay.py). Writes <out>/results.json (one record per length) and
 <out>/tree_replay.md, and prints the table: mean acceptance length (1 + accepted per verify
-step) at equal numbers of verified tokens.
+step) at equal numbers of verified tokens, and the target's mean probability of its own
+response tokens (how predictable the captions at that length are, whatever the draft).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
     draft = load_draft(models / "sparrow")
     nodes = (2, 4, 8, 16, 32)
     rows = ["| visual tokens | verify points | " + " | ".join(f"chain {d}" for d in (2, 4, 8)) + " | search 4 | "
-            + " | ".join(f"tree {n}" for n in nodes) + " |", "|---|" + "---|" * (5 + len(nodes))]
+            + " | ".join(f"tree {n}" for n in nodes) + " | target top-1 |", "|---|" + "---|" * (6 + len(nodes))]
     records = []
     for n in lengths:
         data = out / f"data-{n}.jsonl"
@@ -57,12 +58,13 @@ def main(argv=None) -> int:
                               num_frames=100_000, max_new_tokens=bench.max_tokens, max_seq_len=1 << 16), progress=True)
         r = replay_trees(draft, target, list(ShardReader(out / f"cap-{n}")), max_depth=8, topk=args.topk, tree_nodes=nodes)
         rows.append(f"| {n} | {r.points} | " + " | ".join(f"{r.tau('chain', d):.2f}" for d in (2, 4, 8))
-                    + f" | {r.tau('search', 4):.2f} | " + " | ".join(f"{r.tau('tree', k):.2f}" for k in nodes) + " |")
+                    + f" | {r.tau('search', 4):.2f} | " + " | ".join(f"{r.tau('tree', k):.2f}" for k in nodes)
+                    + f" | {r.target_top1:.3f} |")
         print(rows[-1], flush=True)
         records.append({"visual_tokens": n, "verify_points": r.points,
                         "chain": {d: r.tau("chain", d) for d in range(1, 9)},
                         "search": {d: r.tau("search", d) for d in range(1, 9)},
-                        "tree": {k: r.tau("tree", k) for k in nodes}})
+                        "tree": {k: r.tau("tree", k) for k in nodes}, "target_top1": r.target_top1})
     text = "\n".join(rows) + "\n"
     atomic_write_json(out / "results.json", {"environment": environment(), "settings": vars(args), "records": records})
     atomic_write_text(out / "tree_replay.md", text)

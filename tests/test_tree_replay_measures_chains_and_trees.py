@@ -37,3 +37,16 @@ def test_search_starts_greedy_and_bigger_trees_never_accept_less():
     assert trees == sorted(trees), trees
     chains = [r.chain[d] for d in range(1, D + 1)]
     assert chains == sorted(chains) and chains[-1] > 0, chains
+
+
+def test_the_replay_reports_how_sure_the_target_is_of_its_response():
+    model, io = tiny_draft(), IO()
+    sample = greedy_sample(io, m=60, prompt=10)
+    r = replay_trees(model, io, [sample, sample], max_depth=D, topk=3, tree_nodes=(1, 2))
+    # entries 9..58 predict the 50 response tokens 10..59
+    expected = io.logits(sample["text_hidden"][9:59]).softmax(-1).max(-1).values.mean()
+    assert r.top1_tokens == 100
+    assert abs(r.target_top1 - float(expected)) < 1e-6
+    sharper = IO()
+    sharper.head = io.head * 4  # same greedy choices, surer of each
+    assert replay_trees(model, sharper, [sample], max_depth=D, topk=3, tree_nodes=(1,)).target_top1 > r.target_top1

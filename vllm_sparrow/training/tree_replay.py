@@ -35,9 +35,20 @@ class TreeReplay:
     chain: dict[int, int] = field(default_factory=dict)  # depth -> accepted tokens, summed
     search: dict[int, int] = field(default_factory=dict)  # depth K -> accepted, best path of the search
     tree: dict[int, int] = field(default_factory=dict)  # nodes N -> accepted, the N best nodes verified
+    # How sure the target is of its own answer, whatever the draft: its probability of each
+    # response token it chose, summed, and how many. A world whose captions get less predictable
+    # at some length lowers every draft's acceptance there; this tells that apart from a draft
+    # that loses the video.
+    top1_sum: float = 0.0
+    top1_tokens: int = 0
 
     def tau(self, kind: str, size: int) -> float:
         return 1.0 + getattr(self, kind)[size] / self.points if self.points else float("nan")
+
+    @property
+    def target_top1(self) -> float:
+        """Mean probability the target gave its own greedy choice over every response token."""
+        return self.top1_sum / self.top1_tokens if self.top1_tokens else float("nan")
 
 
 class _Keys:
@@ -82,7 +93,9 @@ def _replay_sample(draft, target, sample, max_depth, topk, tree_nodes, out: Tree
     hidden = sample["text_hidden"].float()  # [m, H]
     p = int((~is_visual[: int(sample["prompt_len"])]).sum())  # prompt text tokens
     m = tokens.shape[0]
-    greedy = target.logits(hidden).argmax(-1)  # [m] the target's choice after each token
+    top1, greedy = target.logits(hidden).softmax(-1).max(-1)  # [m], [m] the target's choice after each token
+    out.top1_sum += float(top1[p - 1 : m - 1].sum())  # entries p-1..m-2 predict the response tokens p..m-1
+    out.top1_tokens += m - p
     # Every committed entry at once: entry j = (h_j, x_{j+1}) at text index j; causal + window,
     # so the pass over entries 0..c-1 is this pass's prefix.
     keys = _Keys(spec)

@@ -31,22 +31,22 @@ HARD = "models/world-hard/sparrow"
 # --k: the bench's default is the Sparrow draft's recommended depth (8 for the shipped draft), and
 # these runs were measured at K = 3 (their settings record it).
 RUNS = {
-    "k3": ("sparrow bench --with-ablations --k 3 --out runs/published/k3", 20),
-    "batch": ("sparrow bench --lengths 512,6144 --batch-sizes 1,4,16 --methods sparrow,eagle,eagle3 --k 3 "
+    "k3": ("sparrow bench --world easy --with-ablations --k 3 --out runs/published/k3", 20),
+    "batch": ("sparrow bench --world easy --lengths 512,6144 --batch-sizes 1,4,16 --methods sparrow,eagle,eagle3 --k 3 "
               "--out runs/published/batch", 4),
-    "depth-b1": ("sparrow bench --lengths 512,6144,24960 --methods none --batch-sizes 1 --k 3 "
+    "depth-b1": ("sparrow bench --world easy --lengths 512,6144,24960 --methods none --batch-sizes 1 --k 3 "
                  f"--ablation k3={DRAFT}@3 --ablation k8={DRAFT}@8 --ablation adaptive={DRAFT}@8,stop_confidence=0.7 "
                  "--out runs/published/depth-b1", 8),
-    "depth-b16": ("sparrow bench --lengths 512,6144 --methods none --batch-sizes 16 --k 3 "
+    "depth-b16": ("sparrow bench --world easy --lengths 512,6144 --methods none --batch-sizes 16 --k 3 "
                   f"--ablation k3={DRAFT}@3 --ablation k8={DRAFT}@8 --ablation adaptive={DRAFT}@8,stop_confidence=0.7 "
                   "--out runs/published/depth-b16", 6),
     "mixed-step": ("python benchmarks/mixed_step.py --k 3 --rounds 5 --prompt-tokens 600,3000 --methods sparrow,eagle "
                    "--out runs/published/mixed-step", 3),
-    "k8-all": ("sparrow bench --lengths 512,6144,24960 --methods sparrow,eagle,eagle3 --k 8 "
+    "k8-all": ("sparrow bench --world easy --lengths 512,6144,24960 --methods sparrow,eagle,eagle3 --k 8 "
                "--out runs/published/k8-all", 8),
-    "tree-search": ("sparrow bench --lengths 512,6144 --methods sparrow --batch-sizes 1,4 --k 4 "
+    "tree-search": ("sparrow bench --world easy --lengths 512,6144 --methods sparrow --batch-sizes 1,4 --k 4 "
                     f"--ablation tree3={DRAFT}@4,tree_topk=3 --out runs/published/tree-search", 4),
-    "tree-replay": ("python benchmarks/tree_replay.py --lengths 512,6144,17408 --clips 4 "
+    "tree-replay": ("python benchmarks/tree_replay.py --world easy --lengths 512,6144,17408 --clips 4 "
                     "--out runs/published/tree-replay", 10),
     "op-count": ("python benchmarks/op_count.py --out runs/published/op-count", 2),
     "capture-speed": ("python benchmarks/capture_speed.py --batches 1,8,16 --out runs/published/capture-speed", 4),
@@ -326,7 +326,7 @@ def adaptive() -> str:
     data = load("depth-b1")
     n = _lengths(data)[0]
     k8, ad = _cell(data, "k8", n), _cell(data, "adaptive", n)
-    return (f"On the demo world at {_n(n)} visual tokens, with K = 8, `stop_confidence` 0.7 verified "
+    return (f"On the easy demo world at {_n(n)} visual tokens, with K = 8, `stop_confidence` 0.7 verified "
             f"{ad['draft_tokens'] / ad['drafts']:.1f} draft tokens per step instead of "
             f"{k8['draft_tokens'] / k8['drafts']:.1f}, {100 * ad['accepted'] / ad['draft_tokens']:.0f}% of them accepted "
             f"instead of {100 * k8['accepted'] / k8['draft_tokens']:.0f}% (decode speedup {speedup(data, ad):.2f}x "

@@ -1,6 +1,6 @@
 """Would tree verification pay? Chains vs tree search vs trees on held-out clips.
 
-    python benchmarks/tree_replay.py [--world easy|hard] [--models DIR] [--lengths 512,17408] [--clips 4]
+    python benchmarks/tree_replay.py [--world hard|easy] [--models DIR] [--lengths 512,17408] [--clips 4]
                                      [--out runs/tree-replay]
 
 Captures held-out benchmark scenes (the bench's clips, seeds no draft trained on) with the demo
@@ -23,7 +23,7 @@ from pathlib import Path
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--world", default="easy", choices=("easy", "hard"))
+    ap.add_argument("--world", default="hard", choices=("hard", "easy"))
     ap.add_argument("--models", default=None, help="default: the world's demo models")
     ap.add_argument("--lengths", default="512,17408")
     ap.add_argument("--clips", type=int, default=4)

@@ -251,7 +251,8 @@ def quick_bench(workdir):
 
     untrained = init_draft(os.path.join(DEMO_MODELS, "target"), workdir / "untrained-world-draft",
                            window_tokens=128)
-    cfg = quick(BenchConfig(target=os.path.join(DEMO_MODELS, "target"), sparrow=os.path.join(DEMO_MODELS, "sparrow"),
+    cfg = quick(BenchConfig(world="easy", target=os.path.join(DEMO_MODELS, "target"),
+                            sparrow=os.path.join(DEMO_MODELS, "sparrow"),
                             eagle=os.path.join(DEMO_MODELS, "eagle"), eagle3=os.path.join(DEMO_MODELS, "eagle3"),
                             out=str(workdir / "bench-quick"), num_speculative_tokens=3,  # the build's replay depth
                             ablations={"untrained": str(untrained)}))

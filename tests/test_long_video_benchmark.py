@@ -149,8 +149,8 @@ def test_a_run_killed_while_writing_a_record_measures_only_what_is_missing(tmp_p
     import signal
 
     models = Path(__file__).resolve().parents[1] / "models" / "world"
-    cmd = [sys.executable, "-m", "vllm_sparrow.cli", "bench", "--out", str(tmp_path / "b"), "--methods", "none",
-           "--lengths", "512,1536", "--clips", "1", "--max-tokens", "16", "--rounds", "1",
+    cmd = [sys.executable, "-m", "vllm_sparrow.cli", "bench", "--world", "easy", "--out", str(tmp_path / "b"),
+           "--methods", "none", "--lengths", "512,1536", "--clips", "1", "--max-tokens", "16", "--rounds", "1",
            "--target", str(models / "target")]
     env = {**os.environ, "SPARROW_KILL_AT_WRITE": "2:records"}
     killed = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -167,7 +167,8 @@ def test_a_run_killed_while_writing_a_record_measures_only_what_is_missing(tmp_p
 def test_rerun_of_a_finished_run_only_rewrites_the_reports(quick_bench):
     cfg, records = quick_bench
     # a finished run: the CLI only rewrites the reports (no engine is started)
-    done = subprocess.run([sys.executable, "-m", "vllm_sparrow.cli", "bench", "--quick", "--out", cfg.out,
+    done = subprocess.run([sys.executable, "-m", "vllm_sparrow.cli", "bench", "--world", "easy", "--quick",
+                           "--out", cfg.out,
                            "--target", cfg.target, "--sparrow", cfg.sparrow, "--eagle", cfg.eagle, "--eagle3", cfg.eagle3,
                            "--k", str(cfg.num_speculative_tokens),
                            "--ablation", f"untrained={cfg.ablations['untrained']}"],
@@ -278,8 +279,10 @@ def test_the_default_models_are_found_from_any_folder(tmp_path, monkeypatch):
     for path in (cfg.target, cfg.sparrow, cfg.eagle, cfg.eagle3):
         assert Path(path).is_absolute() and (Path(path) / "config.json").is_file(), path
     assert cfg.num_speculative_tokens == 8  # read from the shipped draft found there
-    (tmp_path / "models" / "world" / "target").mkdir(parents=True)  # a folder of the user's own wins
-    assert BenchConfig(sparrow=str(Path(cfg.sparrow))).target == "models/world/target"
+    assert Path(cfg.target).parent.name == "world-hard"  # the bench's default world is the hard one
+    (tmp_path / "models" / "world-hard" / "target").mkdir(parents=True)  # a folder of the user's own wins
+    assert BenchConfig(sparrow=str(Path(cfg.sparrow))).target == "models/world-hard/target"
+    assert Path(BenchConfig(world="easy").target).parent.name == "world"
 
 
 def test_quick_sets_only_the_sizes_the_command_line_left_out():
@@ -304,5 +307,6 @@ def test_with_ablations_takes_every_shipped_ablation_of_the_worlds_draft():
     shipped = sorted(d.name for d in (Path(cfg.sparrow).parent / "ablations").iterdir())
     assert shipped and sorted(cfg.ablations) == sorted(shipped + ["k8"])
     assert all(Path(cfg.ablations[name]).parent.parent == Path(cfg.sparrow).parent for name in shipped)
-    hard = bench_from_args(build_parser().parse_args(["bench", "--world", "hard"]))
-    assert Path(hard.target).parent.name == "world-hard"
+    assert Path(cfg.target).parent.name == "world-hard"  # the default world
+    easy = bench_from_args(build_parser().parse_args(["bench", "--world", "easy"]))
+    assert Path(easy.target).parent.name == "world"

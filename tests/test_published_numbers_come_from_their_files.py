@@ -43,6 +43,26 @@ def test_every_registered_run_has_its_json_with_its_command(publish):
         assert data["environment"]["vllm"] and data["records"], name
 
 
+def test_every_registered_command_names_the_world_its_json_was_measured_in(publish):
+    """`sparrow bench` and the tree replay measure the hard world unless told --world easy: a run
+    made on the easy world's models whose command left the world out would, rerun, measure the
+    other world."""
+    from sparrow_world.bench.config import BenchConfig
+
+    assert BenchConfig().world == "hard"
+    for name, (command, _) in publish.RUNS.items():
+        argv = shlex.split(command)
+        if argv[:2] != ["sparrow", "bench"] and argv[:2] != ["python", "benchmarks/tree_replay.py"]:
+            continue  # the other scripts take their models, not a world
+        named = argv[argv.index("--world") + 1] if "--world" in argv else "hard"
+        settings = publish.load(name)["settings"]
+        assert settings.get("world", named) == named, name  # runs before the world was a setting lack it
+        models = settings.get("target") or settings.get("models")  # None: the world's own models
+        if models:
+            folder = re.search(r"models/(world(?:-hard)?)(?:/|$)", models).group(1)
+            assert {"world": "easy", "world-hard": "hard"}[folder] == named, name
+
+
 def test_published_outputs_carry_their_token_ids_and_equal_no_speculation(publish):
     for name in publish.RUNS:
         data = publish.load(name)

@@ -84,7 +84,7 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
     t = cfg["target"]
     ext = t["extension"]
     world = cfg.get("world", "easy")
-    flag = " --world hard" if world == "hard" else ""
+    flag = f" --world {world}"  # every command names its world: their defaults are the hard one
     lines = [
         "# World demo models: target captioner, Sparrow draft, EAGLE-1-style and EAGLE-3 baselines",
         "",

@@ -80,6 +80,21 @@ def test_tune_measures_steps_in_vllm_and_writes_the_schedule_its_costs_choose(tm
     written = json.loads((draft / "config.json").read_text())
     assert written["depth_per_batch_size"] == result["schedule"]
     assert written["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == result["schedule"][0][2]
+    # the stop threshold: calibrated at the batch-1 depth with batch 1's measured token cost
+    batch1 = next(r["per_token_cost"] for r in result["costs"] if r["batch"] == 1)
+    stop, scores = _calibrated_stop(draft, cap, result["schedule"][0][2], batch1)
+    assert result["stop_confidence"] == stop and written.get("stop_confidence") == stop, (result, scores)
+    assert f"stop_confidence: {stop}" in done.stdout
+
+
+def _calibrated_stop(draft, cap, k, verify_token_cost):
+    from vllm_sparrow.checkpoint import load_draft
+    from vllm_sparrow.training.acceptance import calibrate_stop_confidence
+    from vllm_sparrow.training.shards import ShardReader
+    from vllm_sparrow.training.target_runner import HFTarget
+
+    return calibrate_stop_confidence(load_draft(draft), HFTarget(str(DEMO_MODELS / "target")),
+                                     list(ShardReader(cap)), k, verify_token_cost)
 
 
 

@@ -12,6 +12,11 @@ the draft's held-out acceptance, written into its config.json for the plugin to 
 3. Choice: at each batch size, the depth with the most tokens per unit of step cost; written as
    vLLM's num_speculative_tokens_per_batch_size schedule (`depth_per_batch_size`) and the batch-1
    depth as `speculative_tokens`. A user's own num_speculative_tokens or schedule still wins.
+4. Stop threshold: adaptive length (`stop_confidence`) calibrated on the same held-out samples at
+   the batch-1 depth, with batch 1's measured cost of a drafted token as the price of verifying
+   one (`sparrow calibrate-stop`'s choice, from this machine's costs instead of a guess); None
+   (off) where drafting every token scores best. The config holds one threshold for every batch
+   size, and batch 1 is where users wait on a single request.
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ class TuneResult:
     tokens_per_step: list[float]  # [max_depth] expected tokens per step drafting 1..max_depth
     costs: list[dict] = field(default_factory=list)  # step_cost.describe rows
     schedule: list[list[int]] = field(default_factory=list)  # [[first batch, last, depth], ...]
+    stop_confidence: float | None = None  # adaptive length's threshold; None: off
+    stop_scores: dict[str, float] = field(default_factory=dict)  # threshold ("off") -> tokens per unit cost
 
     def summary(self) -> str:
         tokens = ", ".join(f"{t:.2f}" for t in self.tokens_per_step)
@@ -76,43 +83,51 @@ class TuneResult:
             rows.append(f"batch {c['batch']}: {c['fixed_ms']:.2f} ms per step + {c['per_token_ms']:.2f} ms per drafted "
                         f"token ({c['per_token_cost']:.3f} of a step) -> depth {depth}")
         rows.append(f"num_speculative_tokens_per_batch_size: {json.dumps(self.schedule)}")
+        scores = ", ".join(f"{t} {v:.3f}" for t, v in self.stop_scores.items())
+        rows.append(f"stop_confidence: {self.stop_confidence} (tokens per unit cost at batch 1: {scores})")
         return "\n".join(rows)
 
 
 def tune(cfg: TuneConfig, progress=print) -> TuneResult:
+    from .acceptance import calibrate_stop_confidence, estimate_acceptance
     from .depth import choose_depth, depth_schedule
     from .step_cost import describe, measure_step_costs
 
     settings = _capture_settings(cfg.capture)  # a clear error for a folder that is no capture
-    est = _replay(cfg, settings["target"])
+    draft, target, held_out = _held_out(cfg, settings["target"])
+    est = estimate_acceptance(draft, target, held_out, cfg.max_depth)
     tokens = choose_depth(est, 0.0, 0.0).tokens_per_step
     progress(f"replay: {est.drafts} drafts, tokens per step at depth {cfg.max_depth}: {tokens[-1]:.2f}")
     requests, params = _requests(cfg, settings)
     costs = measure_step_costs(lambda depth: _engine(cfg, settings["target"], depth), requests, params, cfg.batch_sizes,
                                (1, cfg.max_depth), cfg.steps, progress, cfg.rounds)
     result = TuneResult(est, tokens, describe(costs), depth_schedule(est, {c.batch: c.per_token for c in costs}))
+    batch1 = next(c for c in costs if c.batch == 1)
+    stop, scores = calibrate_stop_confidence(draft, target, held_out, result.schedule[0][2], batch1.per_token)
+    result.stop_confidence, result.stop_scores = stop, {str(t): v for t, v in scores.items()}
+    progress(f"stop_confidence at depth {result.schedule[0][2]}: {stop} (off: drafting every token scores best)")
     if cfg.write:
-        _write(cfg.draft, result.schedule)
+        _write(cfg.draft, result.schedule, stop)
     if cfg.out:
         from ..durable import atomic_write_json
 
         atomic_write_json(Path(cfg.out), {"draft": cfg.draft, "capture": cfg.capture, "max_depth": cfg.max_depth,
                                           "replay": {"drafts": est.drafts, "per_position": est.per_position},
                                           "tokens_per_step": tokens, "costs": result.costs,
-                                          "schedule": result.schedule})
+                                          "schedule": result.schedule, "stop_confidence": stop,
+                                          "stop_scores": result.stop_scores})
     return result
 
 
-def _replay(cfg: TuneConfig, target_dir: str):
+def _held_out(cfg: TuneConfig, target_dir: str):
+    """The draft, the target's head and embeddings, and the capture's last --samples samples."""
     from ..checkpoint import load_draft
-    from .acceptance import estimate_acceptance
     from .shards import ShardReader
     from .target_runner import HFTarget
 
     reader = ShardReader(cfg.capture)
     held_out = [reader[i] for i in range(max(0, len(reader) - cfg.samples), len(reader))]
-    target = HFTarget(target_dir)
-    return estimate_acceptance(load_draft(cfg.draft), target, held_out, cfg.max_depth)
+    return load_draft(cfg.draft), HFTarget(target_dir), held_out
 
 
 def _requests(cfg: TuneConfig, settings: dict) -> tuple[list[dict], Any]:
@@ -158,10 +173,11 @@ def _capture_settings(capture: str) -> dict:
     return manifest.settings
 
 
-def _write(draft: str, schedule: list[list[int]]) -> None:
+def _write(draft: str, schedule: list[list[int]], stop_confidence: float | None) -> None:
     from ..config import SparrowConfig
 
     cfg = SparrowConfig.load(draft)
     cfg.depth_per_batch_size = schedule
     cfg.speculative_tokens = schedule[0][2]
+    cfg.stop_confidence = stop_confidence
     cfg.save(draft)

@@ -34,7 +34,7 @@ def _demo(args) -> int:
         from .demo.build import build
 
         cfg = world
-        cfg.out, cfg.work = str(args.models), args.workdir
+        cfg.out, cfg.work, cfg.drafts_only = str(args.models), args.workdir, args.drafts_only
         target = cfg.target
         if args.target_minutes is not None:
             target.minutes = args.target_minutes
@@ -100,6 +100,9 @@ def add_demo(sub) -> None:
                    help="build: the target's main training stage, minutes (default: TargetTrainConfig's)")
     d.add_argument("--extension-minutes", type=float, default=None,
                    help="build: the target's long-clip extension stage, minutes (default: TargetTrainConfig's)")
+    d.add_argument("--drafts-only", action="store_true",
+                   help="build: keep the target in --models as it is and redo only the clips, the capture and the "
+                        "drafts (a fresh checkout has the shipped target but not its training state)")
     d.add_argument("--max-tokens", type=int, default=None,
                    help="run: longest caption, in tokens (default: 320)")
     d.add_argument("--log", default="runs/demo/vllm.log",

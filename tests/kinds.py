@@ -31,6 +31,7 @@ KINDS = {
     "test_window_rule_matches_written_out_masks": "fast",
     "test_world_captions_follow_the_frames": "fast",
     "test_hard_world_captions_say_the_scene_many_ways": "fast",
+    "test_demo_build_drafts_only_keeps_the_shipped_target": "fast",
     # engine
     "test_async_scheduling_allowed_for_sparrow": "engine",
     "test_bad_speculative_config_fails_at_startup": "engine",

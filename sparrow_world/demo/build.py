@@ -58,6 +58,9 @@ class DemoBuildConfig:
     # 3.58 on every sample, 3.90 on half, 3.94 without IVSB (ablations below)
     visual_drop: float = 0.5
     holdout: int = 8  # last captured clips: the drafts' held-out replay
+    # keep <out>/target as it is (the shipped one) and redo only clips, capture and drafts: a
+    # draft experiment on a fresh checkout, which has the target but not its training state
+    drafts_only: bool = False
     # paper Table 6 in our world: each knob off in turn, same data and steps (shipped under
     # <out>/ablations/ for `sparrow bench --ablation`), and the paper's IVSB on every sample
     ablations: dict[str, dict] = field(default_factory=lambda: {
@@ -92,8 +95,7 @@ def build(cfg: DemoBuildConfig) -> dict[str, Path]:
     work.mkdir(parents=True, exist_ok=True)
     record = {"config": asdict(cfg), "seconds": {}}
     print(f"[1/4] target -> {out / 'target'}", flush=True)
-    target = train_target(out / "target", cfg.target, resume=True, state_dir=work / "target")
-    record["seconds"]["target (training wall clock)"] = _target_seconds(work / "target")
+    target, record["seconds"]["target (training wall clock)"] = _target(cfg, out, work)
     print(f"[2/4] clips -> {work / 'clips'}", flush=True)
     data = write_clips(work / "clips", cfg.draft_clips, prompt=language(cfg.world).prompt)
     capture_cfg = capture_config(cfg, target, data, work / "capture")
@@ -127,6 +129,20 @@ def _stage_seconds(folder: Path, started: float) -> float:
     total = (float(path.read_text()) if path.exists() else 0.0) + time.perf_counter() - started
     atomic_write_text(path, f"{total:.1f}\n")
     return total
+
+
+def _target(cfg: DemoBuildConfig, out: Path, work: Path) -> tuple[Path, float]:
+    """The target and its training seconds: trained (or resumed) by the build, or with drafts_only
+    the one already in <out>/target, its time kept from the build record that made it."""
+    if not cfg.drafts_only:
+        target = train_target(out / "target", cfg.target, resume=True, state_dir=work / "target")
+        return target, _target_seconds(work / "target")
+    if not (out / "target" / "config.json").is_file():
+        raise SystemExit(f"--drafts-only keeps the target in {out / 'target'}, but there is none there: "
+                         "build without --drafts-only to train one, or pass --models with a target in it")
+    print(f"drafts only: keeping {out / 'target'}", flush=True)
+    previous = json.loads((out / "build.json").read_text()) if (out / "build.json").is_file() else {}
+    return out / "target", previous.get("seconds", {}).get("target (training wall clock)", 0.0)
 
 
 def _target_seconds(state_dir: Path) -> float:

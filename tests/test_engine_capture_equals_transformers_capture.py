@@ -137,4 +137,10 @@ def test_a_killed_engine_capture_leaves_no_engine_and_resumes_to_the_same_captur
     for a, b in zip(whole, resumed):
         assert a.keys() == b.keys()
         for key in a:
-            torch.testing.assert_close(b[key], a[key], msg=key)
+            if a[key].is_floating_point():
+                # the resumed run batches its first samples with other neighbours, so their prefill
+                # chunks split elsewhere and float32 sums run in another order: states agree to
+                # reduction-order noise (seen: 7e-5 on a CPU whose GEMMs depend on the batch's rows)
+                torch.testing.assert_close(b[key], a[key], atol=1e-4, rtol=1e-4, msg=key)
+            else:
+                assert torch.equal(b[key], a[key]), key  # token ids, flags, positions: exactly

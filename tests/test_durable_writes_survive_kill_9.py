@@ -73,8 +73,9 @@ def test_a_kill_at_any_write_of_a_job_leaves_every_file_whole_or_its_predecessor
     assert (json.loads(manifest.read_text())["rows"] if manifest.exists() else 0) == expect_manifest
     ckpt = tmp_path / "checkpoint.pt"
     assert (torch.load(ckpt)["step"] if ckpt.exists() else 0) == rnd
-    torn = {1: [".manifest.json.tmp"], 2: [".checkpoint.pt.tmp"]}.get(kind, [])
-    assert sorted(p.name for p in tmp_path.glob(".*.tmp")) == torn  # at most the torn write's temp file
+    torn = {1: [".manifest.json"], 2: [".checkpoint.pt"]}.get(kind, [])
+    temps = sorted(p.name.rsplit(".", 2)[0] for p in tmp_path.glob(".*.tmp"))  # .NAME.PID.tmp
+    assert temps == torn  # at most the torn write's temp file
 
 
 def test_file_and_folder_are_fsynced_around_the_rename(tmp_path, monkeypatch):
@@ -95,7 +96,7 @@ def test_file_and_folder_are_fsynced_around_the_rename(tmp_path, monkeypatch):
     monkeypatch.setattr(durable.os, "replace", replace)
     path = tmp_path / "manifest.json"
     atomic_write_json(path, {"a": 1})
-    tmp = str(tmp_path / ".manifest.json.tmp")
+    tmp = str(tmp_path / f".manifest.json.{os.getpid()}.tmp")
     assert events == [("fsync", tmp), ("replace", tmp, str(path)), ("fsync", str(tmp_path))]
     events.clear()
     durable.atomic_torch_save(tmp_path / "c.pt", {"x": 1})
@@ -192,3 +193,23 @@ def test_written_files_take_the_mode_the_umask_gives(tmp_path, umask, mode):
         os.umask(old)
     for path in paths + [tmp_path / "rows.jsonl"]:
         assert path.stat().st_mode & 0o777 == mode, (path.name, oct(path.stat().st_mode & 0o777))
+
+
+WRITERS = """
+import sys
+from vllm_sparrow.durable import atomic_write_json
+for i in range(300):
+    atomic_write_json(sys.argv[1], {"writer": sys.argv[2], "i": i})
+"""
+
+
+def test_processes_writing_one_file_together_never_clash(tmp_path):
+    """Every process of a split capture writes the same top manifest as it starts: with one temp
+    name for all, one process renamed another's temp file away and that one died (ENOENT)."""
+    path = tmp_path / "manifest.json"
+    procs = [subprocess.Popen([sys.executable, "-c", WRITERS, str(path), str(w)], stderr=subprocess.PIPE, text=True)
+             for w in range(3)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+    assert json.loads(path.read_text())["i"] == 299  # whole: the last write of one of them
+    assert not list(tmp_path.glob(".*.tmp"))

@@ -117,7 +117,9 @@ def atomic_save(path: str | Path, save: Callable[[Path], None]) -> Path:
     with the mode the umask gives new files (safetensors creates 0600, which a server running
     as another user could not read)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    # one temp name per process: processes that write the same file together (the top manifest
+    # of a capture split over processes) would otherwise rename each other's temp file away
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         save(tmp)
         with open(tmp, "rb+") as f:

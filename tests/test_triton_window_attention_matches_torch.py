@@ -143,7 +143,11 @@ def test_drafter_on_the_triton_backend_drafts_like_the_torch_backend():
             drafter.step(batch, 3, sample)
             lo, c = c, c + 1 + step  # accept `step` drafts each time
         seen[backend.name] = torch.cat(logits)
-    torch.testing.assert_close(seen["triton"], seen["torch"], atol=1e-4, rtol=1e-4)
+    # the same drafts, and logits to float32 noise: the two backends sum in other orders, and
+    # through a layer and a head of 64 that reached 3.6e-4 on a CI machine with Intel OpenMP
+    # preloaded (as `make test` runs); a wrong row or mask moves logits by units
+    assert torch.equal(seen["triton"].argmax(-1), seen["torch"].argmax(-1))
+    torch.testing.assert_close(seen["triton"], seen["torch"], atol=2e-3, rtol=2e-3)
 
 
 @child_only

@@ -197,7 +197,9 @@ def hard_flatness() -> str:
     for name in runs:
         data = load(name)
         lengths, clips = _lengths(data), data["settings"]["clips_per_length"]
-        for m in (m for m in ("sparrow", "eagle") if any(r["method"] == m for r in data["records"])):
+        for m in ("sparrow", "eagle"):
+            if not any(r["method"] == m for r in data["records"]):
+                continue  # the ablation run has no EAGLE-style draft
             acc = {n: _cell(data, m, n)["acceptance_length"] for n in lengths}
             first, last = acc[header_lengths[0]], acc[header_lengths[-1]]
             rows.append([f"{clips}", LABEL[m]] + [f"{acc[n]:.2f}" if n in acc else "-" for n in header_lengths]

@@ -37,7 +37,12 @@ def test_the_cli_passes_drafts_only_to_the_build(monkeypatch, tmp_path):
     for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE"):  # `sparrow demo` sets defaults
         monkeypatch.delenv(name, raising=False)  # restored after the test
     seen = {}
-    monkeypatch.setattr(build_mod, "build", lambda cfg: seen.setdefault("cfg", cfg) and {})
+
+    def build(cfg):  # what the build would be asked to do, no training
+        seen["cfg"] = cfg
+        return {}
+
+    monkeypatch.setattr(build_mod, "build", build)
     args = build_parser().parse_args(["demo", "build", "--drafts-only", "--models", str(tmp_path / "m"),
                                       "--workdir", str(tmp_path / "w")])
     assert args.fn(args) == 0

@@ -3,12 +3,13 @@ the draft's held-out acceptance, written into its config.json for the plugin to 
 
     sparrow tune --draft DRAFT --capture CAP [--batch-sizes 1,4,16,64] [--write]
 
-1. Replay (acceptance.py): the draft drafts chains of `max_depth` tokens on the capture's
-   held-out tail, which gives the expected tokens per step at every depth (depth.py).
-2. Cost (step_cost.py): vLLM serves the draft at depth 1 and at `max_depth` on this machine,
+1. Cost (step_cost.py): vLLM serves the draft at depth 1 and at `max_depth` on this machine,
    with the held-out samples' own prompts (their videos, so the verify step attends over the
    context users send), and times the decode steps at each batch size; each depth's engine is
    started `rounds` times and its fastest start counts.
+2. Replay (acceptance.py), once the engines are closed: the draft drafts chains of `max_depth`
+   tokens on the capture's held-out tail, which gives the expected tokens per step at every
+   depth (depth.py).
 3. Choice: at each batch size, the depth with the most tokens per unit of step cost; written as
    vLLM's num_speculative_tokens_per_batch_size schedule (`depth_per_batch_size`) and the batch-1
    depth as `speculative_tokens`. A user's own num_speculative_tokens or schedule still wins.
@@ -94,18 +95,20 @@ def tune(cfg: TuneConfig, progress=print) -> TuneResult:
     from .step_cost import describe, measure_step_costs
 
     settings = _capture_settings(cfg.capture)  # a clear error for a folder that is no capture
+    requests, params = _requests(cfg, settings)
+    costs = measure_step_costs(lambda depth: _engine(cfg, settings["target"], depth), requests, params, cfg.batch_sizes,
+                               (1, cfg.max_depth), cfg.steps, progress, cfg.rounds)
+    # the replays after the engines are gone: the transformers target is a second whole copy of
+    # the target's weights, never held beside vLLM's
     draft, target, held_out = _held_out(cfg, settings["target"])
     est = estimate_acceptance(draft, target, held_out, cfg.max_depth)
     tokens = choose_depth(est, 0.0, 0.0).tokens_per_step
     progress(f"replay: {est.drafts} drafts, tokens per step at depth {cfg.max_depth}: {tokens[-1]:.2f}")
-    requests, params = _requests(cfg, settings)
-    costs = measure_step_costs(lambda depth: _engine(cfg, settings["target"], depth), requests, params, cfg.batch_sizes,
-                               (1, cfg.max_depth), cfg.steps, progress, cfg.rounds)
     result = TuneResult(est, tokens, describe(costs), depth_schedule(est, {c.batch: c.per_token for c in costs}))
-    batch1 = next(c for c in costs if c.batch == 1)
-    stop, scores = calibrate_stop_confidence(draft, target, held_out, result.schedule[0][2], batch1.per_token)
+    depth, batch1 = result.schedule[0][2], next(c for c in costs if c.batch == 1)
+    stop, scores = calibrate_stop_confidence(draft, target, held_out, depth, batch1.per_token)
     result.stop_confidence, result.stop_scores = stop, {str(t): v for t, v in scores.items()}
-    progress(f"stop_confidence at depth {result.schedule[0][2]}: {stop} (off: drafting every token scores best)")
+    progress(f"stop_confidence at depth {depth}: {stop if stop is not None else 'off (drafting every token scores best)'}")
     if cfg.write:
         _write(cfg.draft, result.schedule, stop)
     if cfg.out:

@@ -60,11 +60,18 @@ def test_depth_follows_vllms_per_batch_size_schedule():
     assert depth[1] > 6 and depth[8] <= 3.0, depth  # (the last steps of a request may draft fewer)
 
 
-def test_adaptive_length_verifies_fewer_tokens_and_stays_lossless(monkeypatch):
+def test_adaptive_length_verifies_fewer_tokens_and_stays_lossless(monkeypatch, tmp_path):
     """SPARROW_STOP_CONFIDENCE: a request's chain stops where its cumulative draft confidence
-    falls below the threshold; vLLM verifies only the drafts kept and the output is unchanged."""
+    falls below the threshold; vLLM verifies only the drafts kept and the output is unchanged,
+    for video and text requests prefilled and decoded in one batch."""
+    from sparrow_world.bench.clips import eval_clips
+    from vllm_sparrow.video import decode_video
+
     target = f"{DEMO_MODELS}/target"
+    clips = eval_clips(tmp_path / "clips", (512,), 2, 30_000_000)[512]
+    video = make_prompt("qwen2_5_vl", target, "describe the video .", "video")
     prompts = [make_prompt("qwen2_5_vl", target, f"describe the red square {i}", None) for i in range(4)]
+    prompts[1:1] = [{"prompt": video, "multi_modal_data": {"video": decode_video(c.path)}} for c in clips]
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
     base = make_llm(target, max_model_len=1024)
     reference = [list(o.outputs[0].token_ids) for o in base.generate(prompts, params, use_tqdm=False)]

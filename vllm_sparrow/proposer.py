@@ -22,7 +22,7 @@ from . import envs
 from .attention import select_backend
 from .checkpoint import load_draft
 from .draft_graphs import GraphDrafting, default_buckets
-from .draft_step import Drafts, DraftingStrategy
+from .draft_step import Drafts, DraftingStrategy, kept_drafts
 from .draft_vocab import SubsetLogits, load_vocab
 from .drafter import Sampler, SparrowDrafter, StepBatch, greedy, sampled
 from .drafting import choose_drafting
@@ -98,14 +98,14 @@ class SparrowProposer(EagleProposer):
         )
         self.stop_confidence = adaptive_length(stop_confidence(cfg), self.vllm_config.scheduler_config.async_scheduling)
         mode = draft_graph_mode(self.vllm_config, self.device)
-        self.drafting = choose_drafting(drafter, k, tree_spec(cfg, k), self.stop_confidence is not None, mode,
+        self.drafting = choose_drafting(drafter, k, tree_spec(cfg, k), self.stop_confidence, mode,
                                         default_buckets(max_seqs))
         graphs = self.drafting.graphs if isinstance(self.drafting, GraphDrafting) else None
         logger.info(
             "Sparrow draft %s loaded: drafting %d tokens per step, %s-token draft vocabulary, %s, decode steps %s; text-only window cache (anchors=%d, window=%s) of %d slots x "
             "%d rows = %.1f MiB, attention backend %s, visual token ids %s skipped",
             draft_dir, k, "full" if drafter.vocab_ids is None else drafter.vocab_ids.numel(),
-            f"tree search {self.drafting.spec}" if isinstance(self.drafting, TreeDrafting) else "greedy chains",
+            f"tree search {self.drafting.spec}" if isinstance(self.drafting, TreeDrafting) else self.drafting.name,
             "eager" if graphs is None else ("in CUDA graphs" if graphs.capture_enabled else "on static buffers"),
             cfg.anchor_tokens, cfg.window_tokens, max_seqs, drafter.cache.capacity,
             drafter.cache.nbytes / 2**20, backend.name, list(target.visual_token_ids),
@@ -197,12 +197,9 @@ class SparrowProposer(EagleProposer):
         return drafts.ids
 
     def _trimmed(self, drafts: Drafts) -> list[list[int]]:
-        """Adaptive length: each request's drafts up to where their cumulative draft confidence
-        falls below stop_confidence (at least one). A list of lists, as vLLM takes from its ngram
-        proposer: the scheduler then schedules exactly that many tokens to verify. Reads the
-        drafts back to the host (vLLM's non-async path does that anyway)."""
-        keep = (drafts.confidence.cumprod(1) >= self.stop_confidence).sum(1).clamp(min=1)  # [B]
-        return [row[:n] for row, n in zip(drafts.ids.tolist(), keep.tolist())]
+        """Adaptive length: vLLM's scheduler schedules exactly each request's kept drafts to
+        verify. Reads the drafts back to the host (vLLM's non-async path does that anyway)."""
+        return kept_drafts(drafts, self.stop_confidence)
 
     def _step_batch(self, token_ids, hidden, next_token_ids, cm, num_rejected) -> StepBatch:
         """The engine step as the drafter sees it, without reading anything back from the

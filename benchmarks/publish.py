@@ -56,13 +56,20 @@ RUNS = {
                 "--out runs/published/hard-k5", 30),
     "hard-depth-b1": ("sparrow bench --world hard --lengths 512,6144,24960 --methods none --batch-sizes 1 --k 5 "
                       f"--ablation k3={HARD}@3 --ablation k5={HARD}@5 --ablation k8={HARD}@8 "
-                      f"--ablation adaptive={HARD}@8,stop_confidence=0.7 --out runs/published/hard-depth-b1", 15),
+                      f"--ablation adaptive={HARD}@8,stop_confidence=0.7 --ablation tuned={HARD}@8,stop_confidence=0.3 "
+                      "--out runs/published/hard-depth-b1", 19),
     "hard-tree-replay": ("python benchmarks/tree_replay.py --world hard --lengths 512,6144,17408,24960 --clips 4 "
                          "--out runs/published/hard-tree-replay", 20),
     "hard-ablations": ("sparrow bench --world hard --k 5 --methods none,sparrow --with-ablations "
                        "--lengths 512,6144,24960 --clips 4 --rounds 1 --out runs/published/hard-ablations", 15),
     "hard-batch": ("sparrow bench --world hard --lengths 512,6144 --batch-sizes 1,4,16 --methods sparrow,eagle,eagle3 "
                    "--k 5 --out runs/published/hard-batch", 15),
+    # What `sparrow tune` recommends for the hard draft on this machine, from the tree replay's
+    # held-out 6,144-token captures (run hard-tree-replay first); hard-depth-b1's "tuned" column
+    # serves its stop threshold.
+    "hard-tune": ("sparrow tune --draft models/world-hard/sparrow --capture runs/published/hard-tree-replay/cap-6144 "
+                  "--data runs/published/hard-tree-replay/data-6144.jsonl --samples 4 --batch-sizes 1,4,16 "
+                  "--out runs/published/hard-tune.json", 5),
     # Acceptance against length with 6 scenes a length (hard-k5 has 2): one round, speed aside.
     "hard-k5-clips6": ("sparrow bench --world hard --k 5 --methods none,sparrow,eagle --clips 6 --rounds 1 "
                        "--out runs/published/hard-k5-clips6", 15),
@@ -301,9 +308,14 @@ def depth() -> str:
 
 
 def hard_depth() -> str:
-    """The hard world's draft at depths 3, 5, 8 and adaptive length (K = 8), batch 1."""
-    data = load("hard-depth-b1")
-    names = {"k3": "K = 3", "k5": "K = 5", "k8": "K = 8", "adaptive": "adaptive, K = 8"}
+    """The hard world's draft at depths 3, 5, 8 and adaptive length (K = 8) at the easy world's
+    threshold and at the one `sparrow tune` chose for it (hard-tune), batch 1."""
+    data, stop = load("hard-depth-b1"), load("hard-tune")["stop_confidence"]
+    if f"tuned={HARD}@8,stop_confidence={stop} " not in data["command"] + " ":
+        raise ValueError(f"hard-depth-b1's 'tuned' column must serve hard-tune's stop_confidence {stop}: "
+                         "rerun it with that threshold (RUNS)")
+    names = {"k3": "K = 3", "k5": "K = 5", "k8": "K = 8", "adaptive": "adaptive at 0.7, K = 8",
+             "tuned": f"adaptive at {stop} (tuned), K = 8"}
     rows = []
     for n in _lengths(data):
         cells = [_cell(data, m, n) for m in names]
@@ -311,6 +323,25 @@ def hard_depth() -> str:
                                f"{r['draft_tokens'] / r['drafts']:.1f})" for r in cells])
     return _table(["visual tokens"] + list(names.values()), rows) + "\n\n" + _equality("hard-depth-b1") + " " + \
         _source("hard-depth-b1")
+
+
+def hard_tune() -> str:
+    """What `sparrow tune` chose for the hard draft on this machine: the verify step's cost per
+    drafted token, the depth each batch size gets, and the stop threshold's expected tokens per
+    unit of batch-1 step cost."""
+    data = load("hard-tune")
+    schedule = data["schedule"]
+    depth_at = {b: d for lo, hi, d in schedule for b in range(lo, hi + 1)}
+    rows = [[str(c["batch"]), f"{c['fixed_ms']:.2f}", f"{c['per_token_ms']:.2f}", f"{c['per_token_cost']:.3f}",
+             str(depth_at.get(c["batch"], schedule[-1][2]))] for c in data["costs"]]
+    costs = _table(["batch", "ms per step", "ms per drafted token", "a drafted token, in steps", "depth chosen"], rows)
+    scores = data["stop_scores"]
+    stops = _table(["stop threshold"] + list(scores), [["tokens per unit cost"] + [f"{v:.2f}" for v in scores.values()]])
+    drafts, tokens = data["replay"]["drafts"], data["tokens_per_step"]
+    return (costs + "\n\n" + stops + f"\n\nHeld-out replay: {drafts} verify steps, tokens per step at depth "
+            f"1..{len(tokens)}: " + ", ".join(f"{t:.2f}" for t in tokens) + f". Chosen: "
+            f"`num_speculative_tokens_per_batch_size` {json.dumps(schedule)}, `stop_confidence` "
+            f"{data['stop_confidence']}. " + _source("hard-tune"))
 
 
 def k8_all() -> str:
@@ -434,7 +465,7 @@ def ivsb_keep() -> str:
 VIEWS = {"readme-k3": readme_k3, "readme-depth": readme_depth, "readme-cache": readme_cache,
          "readme-hard": readme_hard, "readme-hard-cache": readme_hard_cache, "hard-quality": hard_quality,
          "hard-k5": hard_k5, "hard-tree-replay": hard_tree_replay, "hard-trees": hard_trees,
-         "hard-depth": hard_depth, "hard-flatness": hard_flatness,
+         "hard-depth": hard_depth, "hard-flatness": hard_flatness, "hard-tune": hard_tune,
          "hard-ablations": lambda: ablations("hard-ablations"), "hard-batch": lambda: batch("hard-batch"),
          "readme-trees": readme_trees, "quality": quality, "ablations": ablations, "ivsb-replay": ivsb_replay,
          "batch": batch,
@@ -445,7 +476,7 @@ VIEWS = {"readme-k3": readme_k3, "readme-depth": readme_depth, "readme-cache": r
 
 def whole_file(name: str) -> str:
     """benchmarks/results/NAME.md: the run's full table."""
-    if name in ("tree-replay", "hard-tree-replay", "op-count", "mixed-step", "capture-speed", "ivsb-keep"):
+    if name in ("tree-replay", "hard-tree-replay", "hard-tune", "op-count", "mixed-step", "capture-speed", "ivsb-keep"):
         return f"# {name}\n\n" + VIEWS[name]() + "\n"
     from sparrow_world.bench.report import table
 
@@ -498,8 +529,12 @@ def run(name: str) -> None:
             else [sys.executable] + argv[1:])
     print(f"[publish] {name}: {command} (about {minutes} min here)", flush=True)
     subprocess.run(argv, cwd=ROOT, check=True)
-    out = ROOT / argv[argv.index("--out") + 1]
-    data = json.loads((out / "results.json").read_text())
+    out = ROOT / argv[argv.index("--out") + 1]  # a bench's folder, or a JSON file (sparrow tune --out)
+    data = json.loads((out if out.suffix == ".json" else out / "results.json").read_text())
+    if "environment" not in data:  # the product's commands don't record the machine; the demo kit does
+        from sparrow_world.bench.run import environment
+
+        data["environment"] = environment()
     from vllm_sparrow.durable import atomic_write_text
 
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -73,6 +73,9 @@ RUNS = {
     # Acceptance against length with 6 scenes a length (hard-k5 has 2): one round, speed aside.
     "hard-k5-clips6": ("sparrow bench --world hard --k 5 --methods none,sparrow,eagle --clips 6 --rounds 1 "
                        "--out runs/published/hard-k5-clips6", 15),
+    # Flatness on 8 scenes none of the runs above drew (--seed0 past theirs): an independent sample.
+    "hard-k5-new-scenes": ("sparrow bench --world hard --k 5 --methods none,sparrow --lengths 512,17408,24960 "
+                           "--clips 8 --rounds 1 --seed0 30000100 --out runs/published/hard-k5-new-scenes", 25),
 }
 LABEL = {"sparrow": "Sparrow", "eagle": "EAGLE-1-style", "eagle3": "EAGLE-3"}
 
@@ -198,7 +201,7 @@ def _flatness(name: str) -> str:
 def hard_flatness() -> str:
     """Acceptance per length relative to 512 visual tokens, each method, in every hard K = 5 run
     that has batch 1 at 512 and 24,960 visual tokens ("-": a length that run did not measure)."""
-    runs = ("hard-k5", "hard-k5-clips6", "hard-ablations")
+    runs = ("hard-k5", "hard-k5-clips6", "hard-ablations", "hard-k5-new-scenes")
     header_lengths = _lengths(load("hard-k5"))
     rows = []
     for name in runs:
@@ -211,8 +214,22 @@ def hard_flatness() -> str:
             first, last = acc[header_lengths[0]], acc[header_lengths[-1]]
             rows.append([f"{clips}", LABEL[m]] + [f"{acc[n]:.2f}" if n in acc else "-" for n in header_lengths]
                         + [f"{last / first:.3f}", f"{min(acc.values()) / first:.3f}"])
+    rows.append(_pooled_flatness(("hard-k5-clips6", "hard-k5-new-scenes"), header_lengths))
     header = ["scenes a length", "method"] + [_n(n) for n in header_lengths] + ["last / first", "lowest / first"]
     return _table(header, rows) + "\n\n" + _equality(*runs) + " " + _source(*runs)
+
+
+def _pooled_flatness(runs: tuple[str, ...], header_lengths: list[int]) -> list[str]:
+    """Sparrow's row over runs that drew disjoint scenes: 1 + accepted / drafts summed over them,
+    at the lengths every one of them measured."""
+    datas = [load(name) for name in runs]
+    lengths = [n for n in header_lengths if all(n in _lengths(d) for d in datas)]
+    cells = {n: [_cell(d, "sparrow", n) for d in datas] for n in lengths}
+    acc = {n: 1 + sum(c["accepted"] for c in cs) / sum(c["drafts"] for c in cs) for n, cs in cells.items()}
+    first, last = acc[header_lengths[0]], acc[header_lengths[-1]]
+    scenes = " + ".join(str(d["settings"]["clips_per_length"]) for d in datas)
+    return ([f"{scenes}, pooled", LABEL["sparrow"]] + [f"{acc[n]:.2f}" if n in acc else "-" for n in header_lengths]
+            + [f"{last / first:.3f}", f"{min(acc.values()) / first:.3f}"])
 
 
 def readme_trees() -> str:

@@ -49,6 +49,7 @@ RUNS = {
     "tree-replay": ("python benchmarks/tree_replay.py --world easy --lengths 512,6144,17408 --clips 4 "
                     "--out runs/published/tree-replay", 10),
     "op-count": ("python benchmarks/op_count.py --out runs/published/op-count", 2),
+    "draft-step-cache": ("python benchmarks/draft_step_cache.py --out runs/published/draft-step-cache", 1),
     "capture-speed": ("python benchmarks/capture_speed.py --batches 1,8,16 --out runs/published/capture-speed", 4),
     "ivsb-keep": ("python benchmarks/ivsb_keep.py --out runs/published/ivsb-keep", 15),
     # The hard world (docs/benchmarks.md, "The two demo worlds"): the issue-29 calibration's K = 5.
@@ -479,6 +480,16 @@ def ivsb_keep() -> str:
             f"K = {s['k']}. " + _source("ivsb-keep"))
 
 
+def draft_step_cache() -> str:
+    """benchmarks/draft_step_cache.py: the draft step alone and after the target's KV bytes stream through memory."""
+    from benchmarks.draft_step_cache import table
+
+    data = load("draft-step-cache")
+    s = data["settings"]
+    return (table(data) + f"\nThe hard demo draft, K = {s['k']}, batch 1, torch attention, float32; medians of "
+            f"{s['steps']} steps, {s['repeats']} repeats per length. " + _source("draft-step-cache"))
+
+
 VIEWS = {"readme-k3": readme_k3, "readme-depth": readme_depth, "readme-cache": readme_cache,
          "readme-hard": readme_hard, "readme-hard-cache": readme_hard_cache, "hard-quality": hard_quality,
          "hard-k5": hard_k5, "hard-tree-replay": hard_tree_replay, "hard-trees": hard_trees,
@@ -488,12 +499,13 @@ VIEWS = {"readme-k3": readme_k3, "readme-depth": readme_depth, "readme-cache": r
          "batch": batch,
          "depth": depth, "k8-all": k8_all, "adaptive": adaptive, "tree-replay": tree_replay,
          "tree-search": tree_search, "op-count": op_count, "mixed-step": mixed_step, "capture-speed": capture_speed,
-         "ivsb-keep": ivsb_keep}
+         "ivsb-keep": ivsb_keep, "draft-step-cache": draft_step_cache}
 
 
 def whole_file(name: str) -> str:
     """benchmarks/results/NAME.md: the run's full table."""
-    if name in ("tree-replay", "hard-tree-replay", "hard-tune", "op-count", "mixed-step", "capture-speed", "ivsb-keep"):
+    if name in ("tree-replay", "hard-tree-replay", "hard-tune", "op-count", "mixed-step", "capture-speed", "ivsb-keep",
+                "draft-step-cache"):
         return f"# {name}\n\n" + VIEWS[name]() + "\n"
     from sparrow_world.bench.report import table
 

@@ -81,6 +81,7 @@ KINDS = {
     "test_readme_shell_examples_run_as_written": "server",
     "test_video_decoding_is_bounded": "server",
     # demo
+    "test_draft_step_cache_benchmark": "demo",
     "test_deep_drafts_are_lossless": "demo",
     "test_tune_chooses_depth_per_batch_size": "demo",
     "test_demo_models_caption_and_accept": "demo",

@@ -39,6 +39,17 @@ class WindowAttentionBackend(Protocol):
         store this forward's valid rows in the cache."""
         ...
 
+    def store(
+        self,
+        cache: TextWindowCache,
+        wb: WindowBatch,
+        k: torch.Tensor,  # [B, L, kv_heads, head_dim]
+        v: torch.Tensor,  # [B, L, kv_heads, head_dim]
+    ) -> None:
+        """Store a fixed layout's valid rows before its last entries are committed (a decode
+        step's accepted rows but the last): one scatter, no attention, no host read."""
+        ...
+
     def store_packed(
         self,
         cache: TextWindowCache,
@@ -106,6 +117,9 @@ class TorchWindowAttention:
         ring_write_ref(cache.k, cache.v, wb.slots, wb.pos, wb.valid, k, v, A, cache.ring)
         return out.transpose(1, 2), _StepKeys(keys, values, mask[:, :, L:], kc.shape[2] + L)
 
+    def store(self, cache, wb, k, v):
+        ring_write_ref(cache.k, cache.v, wb.slots, wb.pos, wb.valid, k, v, cache.anchors, cache.ring)
+
     def store_packed(self, cache, rows, k, v):
         write_packed_rows(cache.k, cache.v, k, v, rows.slots, rows.cu, rows.cache_len, rows.count, cache.anchors,
                           cache.ring)
@@ -138,6 +152,9 @@ class TritonWindowAttention:
 
     def commit(self, cache, wb, q, k, v):
         return self._attend(cache, wb, q, k, v), None
+
+    def store(self, cache, wb, k, v):  # a scatter: torch's is what a kernel would do
+        ring_write_ref(cache.k, cache.v, wb.slots, wb.pos, wb.valid, k, v, cache.anchors, cache.ring)
 
     def store_packed(self, cache, rows, k, v):  # a scatter: torch's is what a kernel would do
         write_packed_rows(cache.k, cache.v, k, v, rows.slots, rows.cu, rows.cache_len, rows.count, cache.anchors,

@@ -220,21 +220,24 @@ class SparrowDrafter:
         fresh = slot_state[:, SEEN] != seq_start  # a request the drafter lost track of: restart
         c0 = torch.where(fresh, 0, slot_state[:, COMMITTED])  # [B]
         row = self._iota[:L]  # [L] row within a request's layout
-        accepted_rows = nv[:, None]  # [B, 1]
-        following = torch.where(row + 1 < accepted_rows, tok.roll(-1, 1), next_token[:, None])  # [B, L]
-        wb = WindowBatch(slots, c0[:, None] + row, row < accepted_rows, c0, rows)
-        ctx = []
-
-        def attention(q, k, v):
-            out, chain_ctx = self.backend.commit(self.cache, wb, q, k, v)
-            ctx.append(chain_ctx)
-            return out
-
-        y = self.forward(hid, following, wb, attention).view(B, L, -1)
+        following = torch.where(row + 1 < nv[:, None], tok.roll(-1, 1), next_token[:, None])  # [B, L]
+        pos = c0[:, None] + row  # [B, L] text index of each row
+        # As in a packed step: every row is projected, the accepted rows before the last are
+        # stored, and only the last accepted row (the one drafting starts from; the draft is one
+        # layer) gets attention and the MLP: B rows instead of B x L.
+        x, q, k, v = self.layer.project(hid, self.io.embed(following.reshape(-1)), pos.reshape(-1))  # [B * L, ...]
+        self.backend.store(self.cache, WindowBatch(slots, pos, row < (nv - 1)[:, None], c0, rows),
+                           k.view(B, L, *k.shape[1:]), v.view(B, L, *v.shape[1:]))
+        last_row = (nv - 1).clamp(min=0)  # [B]
+        last = self._iota[:B] * L + last_row  # [B] its row of the B x L rows
+        p_last = c0 + last_row  # [B] its text index; the cache now holds the entries before it
+        wb = WindowBatch(slots, p_last[:, None], (nv > 0)[:, None], p_last, rows)
+        attn, ctx = self.backend.commit(self.cache, wb, q.index_select(0, last)[:, None],
+                                        k.index_select(0, last)[:, None], v.index_select(0, last)[:, None])
+        y_last = self.layer.finish(x.index_select(0, last), attn[:, 0])  # [B, H]
         c_new = c0 + nv
         self.state[slots] = torch.stack([c_new, seq_start + nv, nv * 0], 1)  # nothing pending
-        y_last = y[self._iota[:B], nv - 1]  # [B, H]
-        return Committed(y_last, slots, c_new, nv > 0, ctx[0], rows)
+        return Committed(y_last, slots, c_new, nv > 0, ctx, rows)
 
     def _packed_layout(self, batch: StepBatch, slot_list: list[int]):
         """Host indices of a packed step, copied in one transfer: slots [B], row_req [T] (request

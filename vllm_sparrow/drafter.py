@@ -213,7 +213,9 @@ class SparrowDrafter:
         token's row); seq_start [B]; next_token [B].
         Worked example, L = 4: request b's rows x9 d1 d2 d3 with d1 accepted (nv = 2), next
         token x11 (the target's correction after d1 = x10), 9 entries committed before: entries
-        (h9, x10) (h10, x11) get text indices 9 10; rows 2 and 3 are padding.
+        (h9, x10) (h10, x11) get text indices 9 10; rows 2 and 3 are padding. (h9, x10) is
+        stored; (h10, x11), the last accepted, attends to entries up to 10 and is finished: its
+        output is what request b drafts from.
         """
         B, L = tok.shape
         slot_state = self.state[slots]  # [B, 3]

@@ -18,6 +18,7 @@ KINDS = {
     "test_gpu_check_runs_without_vllm": "fast",
     "test_draft_cache_matches_dense_reference": "fast",
     "test_environment_is_read_in_one_place": "fast",
+    "test_freed_host_memory_goes_back_to_the_os": "fast",
     "test_modules_meet_through_public_interfaces": "fast",
     "test_mtp_stages_replay_inference": "fast",
     "test_visual_kv_baselines_train_on_long_videos": "fast",
@@ -45,6 +46,7 @@ KINDS = {
     "test_demo_build_redoes_work_of_old_target": "engine",
     "test_draft_graph_buckets_draft_like_eager": "engine",
     "test_draft_slots_freed_after_aborts_and_preemption": "engine",
+    "test_per_request_state_stays_bounded": "engine",
     "test_draft_step_cost_does_not_grow_with_batch": "engine",
     "test_durable_writes_survive_kill_9": "engine",
     "test_engine_capture_equals_transformers_capture": "engine",
@@ -82,6 +84,7 @@ KINDS = {
     "test_video_decoding_is_bounded": "server",
     # demo
     "test_draft_step_cache_benchmark": "demo",
+    "test_server_memory_stays_flat_under_load": "demo",
     "test_deep_drafts_are_lossless": "demo",
     "test_tune_chooses_depth_per_batch_size": "demo",
     "test_demo_models_caption_and_accept": "demo",

@@ -22,7 +22,6 @@ is read).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Sequence
 
 import numpy as np
@@ -37,6 +36,7 @@ from .window import PackedRows, TextWindowCache, WindowBatch, WindowSpec
 __all__ = ["SparrowDrafter", "StepBatch", "Sampler", "greedy", "sampled"]
 
 COMMITTED, SEEN, HAS_PENDING = 0, 1, 2  # columns of SparrowDrafter.state
+RECENT_RELEASED = 1024  # released requests whose text entries stats() still reports (a fixed bound)
 
 
 GREEDY_TEMPERATURE = 1e-5  # vLLM's threshold: a request at a lower temperature is greedy
@@ -74,6 +74,7 @@ class SparrowDrafter:
         max_requests: int = 8,
         max_draft_tokens: int = 8,
         max_text_tokens: int = 1 << 14,
+        recent_released: int = RECENT_RELEASED,
     ) -> None:
         cfg = model.cfg
         self.io, self.backend, self.device = io, backend, torch.device(device)
@@ -99,8 +100,13 @@ class SparrowDrafter:
         # Host: request id -> slot.
         self.slot_of: dict[str, int] = {}
         self._free = list(range(max_requests - 1, -1, -1))
-        # Text entries each recent request committed (device values, read only by stats()).
-        self._released: OrderedDict[str, torch.Tensor] = OrderedDict()
+        # Text entries the last `recent_released` released requests committed, for stats(): a fixed
+        # device ring written at release (no host read, no allocation per request) and the host's
+        # request id of each of its rows, so a server's memory does not grow with requests served.
+        self._recent_entries = torch.zeros(recent_released, dtype=torch.long, device=device)  # [R]
+        self._recent_ids: dict[str, int] = {}  # request id -> its row of _recent_entries
+        self._recent_owner: list[str | None] = [None] * recent_released  # row -> request id
+        self._recent_next = 0
 
     # ---- request lifecycle ---------------------------------------------------------
     def _slot(self, req_id: str) -> int:
@@ -124,10 +130,20 @@ class SparrowDrafter:
             slot = self.slot_of.pop(r, None)
             if slot is None:
                 continue
-            self._released[r] = self.state[slot, COMMITTED].clone()
-            while len(self._released) > 4096:
-                self._released.popitem(last=False)
+            self._remember_released(r, slot)
             self._free.append(slot)
+
+    def _remember_released(self, req_id: str, slot: int) -> None:
+        """Write the request's committed entries into the next row of the recent ring, the row's
+        previous request forgotten."""
+        row = self._recent_next
+        self._recent_next = (row + 1) % len(self._recent_owner)
+        previous = self._recent_owner[row]
+        if previous is not None and self._recent_ids.get(previous) == row:
+            del self._recent_ids[previous]
+        self._recent_owner[row] = req_id
+        self._recent_ids[req_id] = row  # a request released again (preempted, then finished): its latest
+        self._recent_entries[row] = self.state[slot, COMMITTED]  # a device copy: no sync
 
     # ---- one engine step -----------------------------------------------------------
     @torch.inference_mode()
@@ -381,7 +397,8 @@ class SparrowDrafter:
     # ---- accounting ----------------------------------------------------------------
     def stats(self) -> dict:
         """Occupancy and per-request text entries (reads device values: tests and benchmarks)."""
-        entries = {r: int(c) for r, c in self._released.items()}
+        recent = self._recent_entries.tolist()
+        entries = {r: recent[row] for r, row in self._recent_ids.items()}
         entries.update({r: int(self.state[s, COMMITTED]) for r, s in self.slot_of.items()})
         return {
             "live_requests": sorted(self.slot_of),
@@ -390,4 +407,12 @@ class SparrowDrafter:
             "bytes_per_slot": self.cache.bytes_per_slot,
             "cache_bytes": self.cache.nbytes,
             "text_entries": entries,
+            "held": self.held(),
         }
+
+    def held(self) -> dict[str, int]:
+        """How many requests each per-request structure holds (host reads only): slots (live
+        requests, at most max_requests) and recent (released requests whose entries stats()
+        reports, at most recent_released; a request released twice, preempted and then finished,
+        takes a row each time). Nothing else here grows with requests."""
+        return {"slots": len(self.slot_of), "recent": len(self._recent_ids)}

@@ -81,6 +81,19 @@ def _probability_or_off(name: str, raw: str) -> float | str:
     return value
 
 
+def _seconds_or_off(name: str, raw: str) -> float | str:
+    text = raw.strip().lower()
+    if text == "off":
+        return "off"
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r}: use a number of seconds >= 0 or 'off'") from None
+    if not value >= 0.0:
+        raise ValueError(f"{name}={value}: use a number of seconds >= 0 or 'off'")
+    return value
+
+
 def _names(name: str, raw: str) -> frozenset[str]:
     """Comma-separated names; which of them mean something is for the reader (patches.py) to say."""
     return frozenset(n.strip() for n in raw.split(",") if n.strip())
@@ -142,6 +155,11 @@ VARIABLES: dict[str, Variable] = {
         "a draft made for another verifier is refused at start-up",
         "`1` serves a draft whose config names another verifier (architecture, depth, weights) anyway",
         ("checkpoint.py",)),
+    "SPARROW_HOST_MEMORY_RELEASE": Variable(
+        _seconds_or_off, None, "seconds (a number >= 0), or `off`", "every 5 s at the most",
+        "how often, at the most, the serving worker hands the C allocator's free pages back to the OS "
+        "when requests end (host_memory.py: keeps its resident memory flat under load); `off` never",
+        ("proposer.py",)),
     "SPARROW_DISABLE_PATCHES": Variable(
         _names, frozenset(), "names of general vLLM fixes, comma separated", "every fix is applied",
         "general vLLM fixes to leave out (docs/vllm-patches.md); any other name is logged and ignored",

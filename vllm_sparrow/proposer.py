@@ -12,6 +12,7 @@ EagleProposer base, and the methods it overrides, are rows of vllm_reads.py, che
 from __future__ import annotations
 
 
+import dataclasses
 import weakref
 
 import numpy as np
@@ -26,6 +27,7 @@ from .draft_step import Drafts, DraftingStrategy, kept_drafts
 from .draft_vocab import SubsetLogits, load_vocab
 from .drafter import Sampler, SparrowDrafter, StepBatch, greedy, sampled
 from .drafting import choose_drafting
+from .host_memory import DEFAULT_INTERVAL_S, HostMemoryReturner
 from .model import OwnTokenIO
 from .targets import target_spec
 from .tree_search import TreeDrafting, tree_spec
@@ -72,6 +74,7 @@ class SparrowProposer(EagleProposer):
         self.drafting: DraftingStrategy | None = None
         self.draft_generator = torch.Generator(device=device)
         self.draft_generator.manual_seed(vllm_config.model_config.seed or 0)
+        self.host_memory = HostMemoryReturner(host_memory_interval())
 
     # ---- set-up called by the runner ----------------------------------------------
     def load_model(self, target_model: torch.nn.Module) -> None:
@@ -160,12 +163,17 @@ class SparrowProposer(EagleProposer):
             self.sparrow_drafter.release(req_ids)
         for r in req_ids:
             self._visual_count.pop(r, None)
+        self.host_memory.maybe_release()  # the ended requests' step temporaries are free now
 
     def sparrow_stats(self) -> dict:
-        """The drafter's accounting (SparrowDrafter.stats) and the drafting strategy: its name and,
-        for tree search, [topk, budget] (engine_stats.drafter_stats reads it)."""
+        """The drafter's accounting (SparrowDrafter.stats, with what this proposer holds per
+        request beside it in "held") and the drafting strategy: its name and, for tree search,
+        [topk, budget] (engine_stats.drafter_stats reads it)."""
         tree = self.drafting.spec if isinstance(self.drafting, TreeDrafting) else None
-        return {**self.sparrow_drafter.stats(), "drafting": self.drafting.name,
+        stats = self.sparrow_drafter.stats()
+        stats["held"]["visual_counts"] = len(self._visual_count)  # live requests only: freed at release
+        stats["host_memory"] = dataclasses.asdict(self.host_memory.stats)
+        return {**stats, "drafting": self.drafting.name,
                 "tree": None if tree is None else [tree.topk, tree.budget]}
 
     # ---- one step ------------------------------------------------------------------
@@ -281,6 +289,15 @@ def stop_confidence(cfg) -> float | None:
     env = envs.SPARROW_STOP_CONFIDENCE  # None (unset), "off" or a probability
     if env is None:
         return cfg.stop_confidence
+    return None if env == "off" else env
+
+
+def host_memory_interval() -> float | None:
+    """Seconds between releases of the allocator's free pages at the most (host_memory.py):
+    SPARROW_HOST_MEMORY_RELEASE, a number or "off" (None: never), else DEFAULT_INTERVAL_S."""
+    env = envs.SPARROW_HOST_MEMORY_RELEASE
+    if env is None:
+        return DEFAULT_INTERVAL_S
     return None if env == "off" else env
 
 

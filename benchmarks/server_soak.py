@@ -11,7 +11,9 @@ rounds with 16 requests in flight. One round: 9 greedy video chats (three clips 
 every other one streamed), a text chat, a sampled video chat, a stream the client drops after its
 first chunk, then 6 bad requests (each must get a 4xx). After each phase it reads the resident
 memory (RSS) of every process of the server's tree from /proc, and samples the tree's total twice
-a second during it (its peak). The growth over the last phase is the number that matters: a server
+a second during it (its peak), then lets the server settle (settle(): past the worker's release
+interval, two short requests) and reads it again. The growth over the last phase is the number
+that matters: a server
 whose memory depends on how many requests it has served does not survive a million of them.
 
 Every greedy answer of a method must equal its first round's (and no-speculation's, when both
@@ -92,8 +94,11 @@ def server_command(args, method: str, media: Path, port: int) -> list[str]:
 
 
 def start_server(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    # The server as `vllm serve` runs it by default, engine core and workers in their own processes,
+    # even when this script runs under the test suite (whose engines run in-process).
+    full = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     with log.open("w") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env},
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**full, **env},
                                 start_new_session=True)
 
 
@@ -212,6 +217,22 @@ async def run_rounds(url: str, model: str, reqs: list[dict], rounds: int, max_to
         return [list(await asyncio.gather(*t)) for t in tasks]
 
 
+def settle(url: str, model: str) -> None:
+    """Let the server come to rest before a settled reading: wait past the worker's release
+    interval (vllm_sparrow.host_memory), then two short requests one after the other (the worker
+    learns that the first finished in the second's first step, where a due release runs). A server
+    without Sparrow gets the same two requests."""
+    import openai
+
+    from vllm_sparrow.host_memory import DEFAULT_INTERVAL_S
+
+    time.sleep(DEFAULT_INTERVAL_S + 1)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=120)
+    for _ in range(2):
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                       temperature=0.0)
+
+
 def check_round(reqs: list[dict], answers: list, reference: dict[str, str]) -> list[str]:
     """Problems in one round's answers; fills reference (greedy key -> answer) on first sight."""
     import openai
@@ -251,6 +272,8 @@ def soak(args, method: str, out: Path) -> dict:
         for a in answers:
             record["problems"] += check_round(reqs, a, reference)
         record["warmup"] = {"rounds": args.warmup, "seconds": time.time() - t0, "rss_mib": tree_rss_mib(proc.pid)}
+        settle(url, model)
+        record["warmup"]["settled_mib"] = tree_rss_mib(proc.pid)
         print(f"{method}: warm-up {args.warmup} rounds, {sum(record['warmup']['rss_mib'].values()):.0f} MiB", flush=True)
         for phase in range(args.phases):
             t0 = time.time()
@@ -258,9 +281,10 @@ def soak(args, method: str, out: Path) -> dict:
                 answers = asyncio.run(run_rounds(url, model, reqs, args.rounds, args.max_tokens))
             for a in answers:
                 record["problems"] += check_round(reqs, a, reference)
-            rss = tree_rss_mib(proc.pid)
-            record["phases"].append({"rounds": args.rounds, "requests": args.rounds * len(reqs),
-                                     "seconds": time.time() - t0, "rss_mib": rss, "peak_mib": peak.peak})
+            rss, seconds = tree_rss_mib(proc.pid), time.time() - t0
+            settle(url, model)
+            record["phases"].append({"rounds": args.rounds, "requests": args.rounds * len(reqs), "seconds": seconds,
+                                     "rss_mib": rss, "settled_mib": tree_rss_mib(proc.pid), "peak_mib": peak.peak})
             print(f"{method}: phase {phase + 1}: {args.rounds * len(reqs)} requests in {time.time() - t0:.0f} s, "
                   f"{sum(rss.values()):.0f} MiB", flush=True)
         record["answers"] = reference
@@ -278,6 +302,15 @@ def growth(record: dict) -> list[float]:
     return [b - a for a, b in zip(total, total[1:])]
 
 
+def settled_growth(record: dict) -> list[float] | None:
+    """MiB the server tree's settled RSS (read after settle()) grew over each phase; None for a
+    run recorded before settled readings were taken."""
+    if "settled_mib" not in record["warmup"]:
+        return None
+    total = [sum(record["warmup"]["settled_mib"].values())] + [sum(p["settled_mib"].values()) for p in record["phases"]]
+    return [b - a for a, b in zip(total, total[1:])]
+
+
 def peak_growth(record: dict) -> list[float]:
     """MiB the server tree's peak RSS in each phase after the first exceeds the previous phase's."""
     peaks = [p["peak_mib"] for p in record["phases"]]
@@ -286,14 +319,17 @@ def peak_growth(record: dict) -> list[float]:
 
 def table(records: list[dict]) -> str:
     phases = len(records[0]["phases"])
+    settled = all(settled_growth(r) is not None for r in records)
     head = ("| server | " + " | ".join(f"phase {i + 1} growth (MiB)" for i in range(phases))
+            + (" | settled, per phase (MiB)" if settled else "")
             + " | peak, phase over phase (MiB) | seconds per phase | resent (vLLM mm-cache drift) |")
-    lines = [head, "|" + "---|" * (phases + 4)]
+    lines = [head, "|" + "---|" * (phases + 4 + settled)]
     for r in records:
         g = " | ".join(f"{x:+.0f}" for x in growth(r))
+        st = (" | " + " / ".join(f"{x:+.0f}" for x in settled_growth(r))) if settled else ""
         pk = " / ".join(f"{x:+.0f}" for x in peak_growth(r)) or "-"
         secs = " / ".join(f"{p['seconds']:.0f}" for p in r["phases"])
-        lines.append(f"| {LABEL.get(r['method'], r['method'])} | {g} | {pk} | {secs} | {r['mm_cache_drift']} |")
+        lines.append(f"| {LABEL.get(r['method'], r['method'])} | {g}{st} | {pk} | {secs} | {r['mm_cache_drift']} |")
     return "\n".join(lines) + "\n"
 
 
@@ -308,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
             r["equal_to_" + records[0]["method"]] = r["answers"] == base
     result = {"command_line": shlex.join([sys.executable, *sys.argv]), "settings": vars(args) | {"methods": list(args.methods)},
               "records": records, "growth_mib": {r["method"]: growth(r) for r in records},
-              "peak_growth_mib": {r["method"]: peak_growth(r) for r in records}}
+              "peak_growth_mib": {r["method"]: peak_growth(r) for r in records},
+              "settled_growth_mib": {r["method"]: settled_growth(r) for r in records}}
     (out / "results.json").write_text(json.dumps(result, indent=1))
     (out / "table.md").write_text(table(records))
     print(table(records))

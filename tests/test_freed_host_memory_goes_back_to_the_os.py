@@ -25,7 +25,7 @@ class _Clock:
 def test_releases_at_most_once_per_interval():
     clock = _Clock()
     returner = HostMemoryReturner(5.0, clock)
-    assert returner.stats.allocator == "glibc"  # this machine's allocator (tests run without tcmalloc)
+    assert returner.stats.allocator in ("glibc", "tcmalloc")  # glibc here unless tcmalloc is preloaded
     assert not returner.maybe_release()  # just started
     clock.now = 4.9
     assert not returner.maybe_release()
@@ -60,6 +60,8 @@ def test_pages_freed_between_live_blocks_leave_the_resident_set():
     blocks resident; a release gives them back, and the live blocks keep their contents."""
     clock = _Clock()
     returner = HostMemoryReturner(1.0, clock)
+    if returner.stats.allocator != "glibc":
+        pytest.skip("the heap layout below is glibc's; this process runs another allocator")
     blocks = [bytearray(64 * 1024) for _ in range(4096)]
     for i in range(0, len(blocks), 16):
         blocks[i][:4] = i.to_bytes(4, "little")

@@ -16,33 +16,16 @@ from vllm import SamplingParams
 from engine_probe import drafter_stats
 from sparrow_world.tiny_targets import make_prompt
 from vllm_sparrow.attention import TorchWindowAttention
-from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.drafter import RECENT_RELEASED, SparrowDrafter, StepBatch
-from vllm_sparrow.model import SparrowDraftModel
+from tiny_drafts import H, V, IO, tiny_draft
 
-H, V, VIS, K, SLOTS = 64, 50, 7, 3, 16
+VIS, K, SLOTS = 7, 3, 16  # visual placeholder id, draft depth, draft cache slots
 RECENT = 64  # the drafter's recent-requests ring in these tests (the served one: RECENT_RELEASED)
 
 
-class _IO:
-    def __init__(self):
-        g = torch.Generator().manual_seed(1)
-        self.emb, self.head = torch.randn(V, H, generator=g), torch.randn(V, H, generator=g) / H**0.5
-
-    def embed(self, ids):
-        return self.emb[ids]
-
-    def logits(self, h):
-        return h @ self.head.T
-
-
 def _drafter() -> SparrowDrafter:
-    cfg = SparrowConfig(hidden_size=H, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                        intermediate_size=96, vocab_size=V, anchor_tokens=2, window_tokens=8)
-    torch.manual_seed(0)
-    return SparrowDrafter(SparrowDraftModel(cfg).eval(), _IO(), (VIS,), TorchWindowAttention(),
-                          torch.device("cpu"), torch.float32, max_requests=SLOTS, max_draft_tokens=K,
-                          max_text_tokens=256, recent_released=RECENT)
+    return SparrowDrafter(tiny_draft(), IO(), (VIS,), TorchWindowAttention(), torch.device("cpu"), torch.float32,
+                          max_requests=SLOTS, max_draft_tokens=K, max_text_tokens=256, recent_released=RECENT)
 
 
 def _prefill(drafter, rids: list[str], rnd: random.Random, mid: bool = False) -> list[int]:

@@ -52,6 +52,9 @@ RUNS = {
     "draft-step-cache": ("python benchmarks/draft_step_cache.py --out runs/published/draft-step-cache", 1),
     # A real `vllm serve` of the hard world under two phases of 60 rounds of mixed traffic (docs/serving.md).
     "server-soak": ("python benchmarks/server_soak.py --out runs/published/server-soak", 14),
+    # The same server under six shorter phases: when does each method's memory level off?
+    "server-soak-long": ("python benchmarks/server_soak.py --methods none,sparrow --rounds 30 --phases 6 "
+                         "--out runs/published/server-soak-long", 13),
     "capture-speed": ("python benchmarks/capture_speed.py --batches 1,8,16 --out runs/published/capture-speed", 4),
     "ivsb-keep": ("python benchmarks/ivsb_keep.py --out runs/published/ivsb-keep", 15),
     # The hard world (docs/benchmarks.md, "The two demo worlds"): the issue-29 calibration's K = 5.
@@ -492,18 +495,18 @@ def draft_step_cache() -> str:
             f"{s['steps']} steps, {s['repeats']} repeats per length. " + _source("draft-step-cache"))
 
 
-def server_soak() -> str:
+def server_soak(name: str = "server-soak") -> str:
     """benchmarks/server_soak.py: the server tree's resident memory over phases of mixed traffic."""
     from benchmarks.server_soak import table
 
-    data = load("server-soak")
+    data = load(name)
     s, first = data["settings"], data["records"][0]
     same = all(r.get(f"equal_to_{first['method']}", True) for r in data["records"])
     return (table(data["records"]) + f"\n`vllm serve` of the hard world's target, `--max-num-seqs {s['max_num_seqs']} "
             f"--max-model-len {s['max_model_len']}`, {s['warmup']} warm-up rounds, then {s['phases']} phases of "
             f"{s['rounds']} rounds ({first['phases'][0]['requests']} requests a phase, 16 in flight). Every greedy "
             f"answer was the same in every round{' and equal to no speculation' + chr(39) + 's' if same else ''}; "
-            f"every bad request got a 4xx. " + _source("server-soak"))
+            f"every bad request got a 4xx. " + _source(name))
 
 
 VIEWS = {"readme-k3": readme_k3, "readme-depth": readme_depth, "readme-cache": readme_cache,
@@ -515,13 +518,14 @@ VIEWS = {"readme-k3": readme_k3, "readme-depth": readme_depth, "readme-cache": r
          "batch": batch,
          "depth": depth, "k8-all": k8_all, "adaptive": adaptive, "tree-replay": tree_replay,
          "tree-search": tree_search, "op-count": op_count, "mixed-step": mixed_step, "capture-speed": capture_speed,
-         "ivsb-keep": ivsb_keep, "draft-step-cache": draft_step_cache, "server-soak": server_soak}
+         "ivsb-keep": ivsb_keep, "draft-step-cache": draft_step_cache, "server-soak": server_soak,
+         "server-soak-long": lambda: server_soak("server-soak-long")}
 
 
 def whole_file(name: str) -> str:
     """benchmarks/results/NAME.md: the run's full table."""
     if name in ("tree-replay", "hard-tree-replay", "hard-tune", "op-count", "mixed-step", "capture-speed", "ivsb-keep",
-                "draft-step-cache", "server-soak"):
+                "draft-step-cache", "server-soak", "server-soak-long"):
         return f"# {name}\n\n" + VIEWS[name]() + "\n"
     from sparrow_world.bench.report import table
 

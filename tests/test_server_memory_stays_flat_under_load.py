@@ -1,16 +1,17 @@
-"""`benchmarks/server_soak.py --quick`: a real `vllm serve` of the hard world's target without
-speculation and with Sparrow, warmed up and given two phases of mixed traffic (video chats plain
-and streamed, a text chat, a sampled chat, a stream the client drops, bad requests) with 16 in
-flight. Every greedy answer is the same in every round and equal to no speculation's, every bad
-request gets a 4xx (the script exits non-zero otherwise), and each phase records what the
-memory comparison is made of: the tree's RSS per process at the phase's end, once settled (past
-the worker's release interval), and its peak.
+"""A real `vllm serve` of the hard world's target, without speculation and with Sparrow
+(benchmarks/server_soak.py), warmed up with 60 rounds of mixed traffic (1,080 requests: video chats
+plain and streamed, a text chat, a sampled chat, a stream the client drops, bad requests; 16 in
+flight), then given one phase of 20 more rounds (360 requests). Every greedy answer is the same in
+every round and equal to no speculation's, every bad request gets a 4xx (the script exits non-zero
+otherwise), and over the phase the settled resident memory of Sparrow's engine processes (vLLM's
+engine core and the worker the drafter runs in, read past the worker's release interval) grows by
+at most no speculation's growth + 16 MiB: a leak of 45 KiB a request fails it.
 
-The memory bar itself (Sparrow's growth over a second phase of 1,080 requests at most no
-speculation's + 16 MiB) is the published soak's (docs/serving.md): at the few hundred requests a
-suite can afford, Sparrow's server is still growing where vLLM's alone has levelled off, so a
-bar there would fail on what the published run shows passes later, or be loose enough to pass a
-leak."""
+Why this size: the Sparrow worker's heap reaches its high-water mark after about 1,000 requests of
+this traffic (two 540-request phases: +80 MiB over the second, then +1 / +1 / +1 / +5 over the next
+four, docs/serving.md), so a shorter warm-up would measure the heap still filling, not a leak. The
+API server in front of the engine runs the same code either way and moves by tens of MiB in both;
+it is read and reported, not part of the bar."""
 
 import json
 import subprocess
@@ -18,22 +19,25 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+BAR_MIB = 16
 
 
-def test_soak_answers_stay_equal_and_every_phase_is_measured(tmp_path):
+def test_sparrow_engine_memory_grows_no_more_than_without_speculation(tmp_path):
     out = tmp_path / "soak"
-    done = subprocess.run([sys.executable, "benchmarks/server_soak.py", "--quick", "--methods", "none,sparrow",
-                           "--max-tokens", "24", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "benchmarks/server_soak.py", "--methods", "none,sparrow",
+                           "--max-tokens", "24", "--warmup", "60", "--rounds", "20", "--phases", "1",
+                           "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     data = json.loads((out / "results.json").read_text())
     records = {r["method"]: r for r in data["records"]}
     assert records["sparrow"]["equal_to_none"] and not records["sparrow"]["problems"]
     assert len(records["sparrow"]["answers"]) == 10  # 9 video questions and the text chat were compared
     for r in records.values():
-        assert len(r["phases"]) == 2 and r["phases"][-1]["requests"] == 3 * 18
+        assert [p["requests"] for p in r["phases"]] == [20 * 18]
         for phase in (r["warmup"], *r["phases"]):
-            assert any("VLLM" in name for name in phase["settled_mib"]), phase  # the engine's processes
-        assert all(p["peak_mib"] > 0.5 * sum(p["rss_mib"].values()) for p in r["phases"])
-    assert set(data["settled_growth_mib"]) == {"none", "sparrow"}
-    assert (out / "table.md").read_text().count("\n| ") == 2
+            assert sum("VLLM::" in name for name in phase["settled_mib"]) == 2, phase  # engine core, worker
+    (none,), (sparrow,) = (data["engine_settled_growth_mib"][m] for m in ("none", "sparrow"))
+    assert sparrow <= none + BAR_MIB, (
+        f"Sparrow's engine grew {sparrow:+.1f} MiB over 360 requests after warm-up, no speculation's "
+        f"{none:+.1f} MiB:\n{(out / 'table.md').read_text()}")

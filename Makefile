@@ -23,12 +23,13 @@ RUN_ENV = export VLLM_CPU_KVCACHE_SPACE='$(VLLM_CPU_KVCACHE_SPACE)' HF_HUB_OFFLI
 		export LD_PRELOAD="$$iomp$${LD_PRELOAD:+:$$LD_PRELOAD}"; \
 	fi;
 
-.PHONY: help setup test test-fast demo clean-venv
+.PHONY: help setup test test-fast test-vllm034 demo clean-venv
 
 help:
 	@echo "make setup       create/update .venv (tools/setup_env.sh; a no-op when up to date)"
 	@echo "make test        setup, then pytest -x -q tests   (TESTS=tests/x.py, PYTEST_ARGS='...')"
 	@echo "make test-fast   setup, then the fast kind only (torch and the package, under a minute; tests/kinds.py)"
+	@echo "make test-vllm034  setup, then the V2 runner's glue under vLLM 0.34's Python (make test runs it too)"
 	@echo "make demo        setup, then python -m vllm_sparrow.cli demo   (DEMO_ARGS='...')"
 	@echo "make clean-venv  remove .venv"
 
@@ -37,6 +38,18 @@ setup:
 
 test: setup
 	$(RUN_ENV) $(PY) -m pytest -x -q --durations=25 $(TESTS) $(PYTEST_ARGS)
+ifeq ($(TESTS),tests)
+	@echo "make test: the V2 runner's glue under vLLM 0.34 (its tests were skipped above), in its side environment:"
+	$(MAKE) --no-print-directory test-vllm034
+endif
+
+# vLLM 0.34.0's Python first on the path (tools/vllm034_side_env.py unpacks it once into .cache/);
+# only the files of kind vllm034 (tests/kinds.py): the others import the V1 runner's glue.
+TESTS_034 = $(shell $(PY) -c "import sys; sys.path.insert(0, 'tests'); from kinds import KINDS; \
+	print(' '.join(f'tests/{n}.py' for n, k in KINDS.items() if k == 'vllm034'))" 2>/dev/null)
+test-vllm034: setup
+	$(RUN_ENV) side="$$($(PY) tools/vllm034_side_env.py)" && \
+		PYTHONPATH="$$side$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m pytest -x -q $(TESTS_034) $(PYTEST_ARGS)
 
 test-fast: setup
 	$(RUN_ENV) $(PY) -m pytest -x -q -m fast $(TESTS) $(PYTEST_ARGS)

@@ -41,8 +41,20 @@ def pytest_collection_modifyitems(config, items):
     stale = sorted(name for name in KINDS if not (here / f"{name}.py").exists())
     if unlisted or stale:
         raise pytest.UsageError(f"tests/kinds.py: list {unlisted} with their kind; drop {stale}")
+    skip_034 = None if _vllm_version() == "0.34.0" else pytest.mark.skip(
+        reason="vLLM 0.34's glue: `make test-vllm034` runs it in 0.34's side environment")
     for item in items:
         item.add_marker(getattr(pytest.mark, KINDS[item.path.stem]))
+        if KINDS[item.path.stem] == "vllm034" and skip_034 is not None:
+            item.add_marker(skip_034)
+
+
+def _vllm_version() -> str:
+    """The version of the vLLM this run imports (its metadata, first on the path: the side
+    environment's under `make test-vllm034`), without importing it."""
+    from importlib.metadata import version
+
+    return version("vllm").split("+")[0]
 
 
 # Prompts the quick drafts are distilled on (so text requests accept drafts).

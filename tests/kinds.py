@@ -5,6 +5,8 @@
   engine  vLLM engines in process, trained tiny drafts, CLI subprocesses, training runs
   server  `vllm serve` (or the example server) over HTTP
   demo    the shipped demo models: their benchmark, demo, README examples and training commands
+  vllm034 the V2 runner's glue under vLLM 0.34's own Python (`make test-vllm034`: its side
+          environment, tools/vllm034_side_env.py); skipped, saying so, where vLLM is not 0.34
 
 conftest.py marks every test with its file's kind and refuses a test file that is not listed
 here, so a new file is classified when it is added.
@@ -93,6 +95,8 @@ KINDS = {
     "test_readme_offline_example_runs_as_written": "demo",
     "test_tensor_parallel_is_lossless": "demo",
     "test_training_commands_run_as_written": "demo",
+    # vllm034
+    "test_sparrow_registers_on_vllm_034": "vllm034",
 }
 
 HELP = {
@@ -100,4 +104,5 @@ HELP = {
     "engine": "vLLM engines in process, trained tiny drafts, CLI subprocesses",
     "server": "vllm serve over HTTP",
     "demo": "the shipped demo models: bench, demo, README examples",
+    "vllm034": "the V2 runner's glue under vLLM 0.34 (make test-vllm034)",
 }

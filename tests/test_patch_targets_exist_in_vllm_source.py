@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_sparrow import SUPPORTED_VLLM_VERSIONS, patches
+from vllm_sparrow import SUPPORTED_VLLM_VERSIONS, V2_RUNNER_VERSIONS, patches
 from vllm_sparrow.patch_helper import Read
+from vllm_sparrow.v2_runner import vllm_reads as v2_reads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,28 +36,44 @@ check = _tool("vllm_source_check")
 INSTALLED = check.SourceTree(check.installed_source())
 
 
+CHECKED_VERSIONS = SUPPORTED_VLLM_VERSIONS + tuple(v for v in V2_RUNNER_VERSIONS if v not in SUPPORTED_VLLM_VERSIONS)
+
+
 @pytest.fixture(scope="module")
 def wheel_033() -> Path:
     return check.wheel_for("0.33.0")  # ~5 s from the registry the first time, then the cached file
 
 
-def _source(version: str, wheel_033: Path) -> "check.SourceTree":
+@pytest.fixture(scope="module")
+def wheel_034() -> Path:
+    return check.wheel_for("0.34.0")
+
+
+def _source(version: str, wheel_033: Path, wheel_034: Path) -> "check.SourceTree":
     if INSTALLED.version() == version:
         return INSTALLED
-    assert version == "0.33.0", f"add a source for supported vLLM {version} here"
-    return check.SourceTree(wheel_033)
+    assert version in ("0.33.0", "0.34.0"), f"add a source for vLLM {version} here"
+    return check.SourceTree(wheel_033 if version == "0.33.0" else wheel_034)
 
 
 def _missing(results) -> list[str]:
     return [r.line() for r in results if r.status == "MISSING"]
 
 
-@pytest.mark.parametrize("version", SUPPORTED_VLLM_VERSIONS)
-def test_every_declared_row_and_product_import_is_in_the_release_source(version, wheel_033):
-    tree = _source(version, wheel_033)
+@pytest.mark.parametrize("version", CHECKED_VERSIONS)
+def test_every_declared_row_and_product_import_is_in_the_release_source(version, wheel_033, wheel_034):
+    """Each release against its own glue's table and imports (patches.table_for, glue_of): the V1
+    runner's patch table on 0.32 and 0.33, the V2 runner's reads on 0.34, the shared modules on all."""
+    tree = _source(version, wheel_033, wheel_034)
     assert tree.version() == version
     rows, imports = check.check_rows(tree, version), check.check_imports(tree)
     assert _missing(rows + imports) == []
+    if version in V2_RUNNER_VERSIONS:
+        assert {r.target for r in rows} == {r.target for r in v2_reads.ROWS}
+        assert any("v2_runner/method.py" in r.by for r in imports)
+        assert not any("proposer.py" in r.by or "method_patches.py" in r.by for r in imports)
+        return
+    assert not any("v2_runner/" in r.by for r in imports)
     checked = [r for r in patches.PATCHES if not (r.kind == "reads" and r.check == "documented")]
     assert sum(r.status == "found" for r in rows) == len(checked)  # the cpu rows too: both ship their source
     assert len(imports) > 20 and any("from vllm import ModelRegistry" in r.target for r in imports)
@@ -112,6 +129,26 @@ def test_a_target_missing_from_the_source_is_reported(wheel_033, tmp_path):
     assert done.returncode == 1, done.stderr[-2000:]
     assert "MISSING  replaces vllm.v1.worker.gpu_model_runner.GPUModelRunner._update_states" in done.stdout
     assert "7 missing" in done.stdout.splitlines()[-1]
+
+
+def test_a_hook_of_the_v2_runner_renamed_or_removed_fails_the_source_check(wheel_034, tmp_path):
+    """0.34's source with an argument of a hook the V2 glue overrides renamed, and the registry's
+    function removed: exactly those rows and the import of the function are missing."""
+    with zipfile.ZipFile(wheel_034) as wheel:
+        wheel.extractall(tmp_path, [n for n in wheel.namelist() if n.startswith("vllm/") and n.endswith(".py")])
+    configs = tmp_path / "vllm/v1/worker/gpu/spec_decode/speculator_config.py"
+    _edit(configs, '    def apply_options(cls, spec: "SpeculativeConfig") -> None:',
+          '    def apply_options(cls, spec_config: "SpeculativeConfig") -> None:')
+    _edit(configs, "def register_speculative_method(", "def register_custom_speculator(")
+    tree = check.SourceTree(tmp_path)
+    assert tree.version() == "0.34.0"
+    missing = {r.target: r.detail for r in check.check_all(tree) if r.status == "MISSING"}
+    base = "vllm.v1.worker.gpu.spec_decode.speculator_config"
+    assert missing == {
+        f"{base}.SpeculatorConfig.apply_options": "its parameters are (spec_config)",
+        f"{base}.register_speculative_method": f"no method register_speculative_method in {base}",
+        f"from {base} import register_speculative_method": f"{base} has no register_speculative_method",
+    }
 
 
 def _edit(path: Path, old: str, new: str) -> None:

@@ -58,7 +58,7 @@ def test_a_patch_that_fails_is_undone_with_the_others():
     """)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "APPLIED 0 RESTORED True" in done.stdout
-    assert "could not patch this vLLM (AttributeError: vLLM moved something)" in done.stdout + done.stderr
+    assert "could not set itself up in this vLLM (AttributeError: vLLM moved something)" in done.stdout + done.stderr
 
 
 def test_a_vllm_lacking_an_internal_sparrow_reads_gets_no_patches():

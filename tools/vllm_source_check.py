@@ -101,6 +101,14 @@ class SourceTree:
 
 
 # ---- ast lookups ------------------------------------------------------------------------------
+def _arguments(args: ast.arguments) -> list[str]:
+    """A def's parameter names in inspect.signature's order."""
+    names = [a.arg for a in (*args.posonlyargs, *args.args)]
+    names += [args.vararg.arg] if args.vararg else []
+    names += [a.arg for a in args.kwonlyargs] + ([args.kwarg.arg] if args.kwarg else [])
+    return names
+
+
 def _statements(body: list[ast.stmt]):
     """The statements of a module or class body, descending into if/try/with blocks (names they
     bind exist at runtime on some path), but not into `if TYPE_CHECKING:` (never run)."""
@@ -361,8 +369,9 @@ _ENTRY = re.compile(r"^(?P<owner>.+?)\[(?P<key>'[^']*'|\"[^\"]*\")\]$")
 _VARS = re.compile(r"^vars\((?P<module>[\w.]+)\)$")
 
 
-def check_target(resolver: Resolver, target: str, check: str) -> tuple[bool, str]:
-    """(found, detail) for one row's target, found as `check` says ("replaces" for patches)."""
+def check_target(resolver: Resolver, target: str, check: str, params: tuple[str, ...] = ()) -> tuple[bool, str]:
+    """(found, detail) for one row's target, found as `check` says ("replaces" for patches; a
+    "signature" row's method must have exactly `params`)."""
     entry = _ENTRY.match(target)
     if entry:
         return _check_entry(resolver, entry.group("owner"), ast.literal_eval(entry.group("key")))
@@ -375,6 +384,14 @@ def check_target(resolver: Resolver, target: str, check: str) -> tuple[bool, str
     if check == "instance":
         ok = owner.kind == "class" and resolver.instance_attr(owner, name)
         return ok, "" if ok else f"nothing assigns .{name} in the class or its bases"
+    if check == "signature":
+        found = resolver.attribute(owner, name)
+        if found is None or not isinstance(found.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return False, f"no method {name} in {target.rsplit('.', 1)[0]}"
+        from vllm_sparrow.patch_helper import parameter_names
+
+        names = parameter_names(_arguments(found.node.args))
+        return names == params, "" if names == params else f"its parameters are ({', '.join(names)})"
     ok = resolver.attribute(owner, name) is not None  # "class" reads and "replaces" rows
     return ok, "" if ok else f"no {name} in {target.rsplit('.', 1)[0]}"
 
@@ -422,9 +439,12 @@ def row_applies(row, version: str) -> tuple[bool, str]:
 
 
 def check_rows(tree: SourceTree, version: str, rows=None) -> list[Result]:
-    """One Result per declared row (patches.PATCHES unless rows are given) for vLLM `version`."""
+    """One Result per declared row (the table of `version`'s glue, patches.table_for, unless rows
+    are given) for vLLM `version`."""
     if rows is None:
-        from vllm_sparrow.patches import PATCHES as rows
+        from vllm_sparrow.patches import table_for
+
+        rows = table_for(version)
     resolver, build = Resolver(tree), tree.build()
     out = []
     for row in rows:
@@ -434,7 +454,7 @@ def check_rows(tree: SourceTree, version: str, rows=None) -> list[Result]:
         if not applies:
             out.append(Result(row.kind, row.target, "skipped", why, by))
             continue
-        found, detail = check_target(resolver, row.target, check)
+        found, detail = check_target(resolver, row.target, check, getattr(row, "params", ()))
         if row.platform not in ("any", build):
             # Another build's row (not applied on this one): its source may be here anyway (the GPU
             # wheel ships the CPU platform's modules), so it is checked where it is.
@@ -468,10 +488,23 @@ def _is_vllm(module: str) -> bool:
     return module == "vllm" or module.startswith("vllm.")
 
 
+def imports_for(version: str) -> list[tuple[str, str, str]]:
+    """product_imports() of the shared modules and of `version`'s glue (patches.glue_of): the V1
+    runner's glue imports what 0.34 removed, the V2 runner's what 0.32 never had."""
+    from vllm_sparrow import V2_RUNNER_VERSIONS
+    from vllm_sparrow.patches import glue_of
+
+    mine = "v2" if version in V2_RUNNER_VERSIONS else "v1"
+    return [i for i in product_imports() if glue_of(i[0]) in (None, mine)]
+
+
 def check_imports(tree: SourceTree, imports=None) -> list[Result]:
     resolver = Resolver(tree)
     out = []
-    for rel, module, name in sorted(set(imports if imports is not None else product_imports())):
+    if imports is None:
+        version = tree.version()
+        imports = imports_for(version) if version else product_imports()
+    for rel, module, name in sorted(set(imports)):
         shown = f"from {module} import {name}" if name else f"import {module}"
         if tree.module_file(module) is None:
             out.append(Result("import", shown, "MISSING", f"no module {module}", rel))
@@ -511,7 +544,7 @@ def check_all(tree: SourceTree, version: str | None = None) -> list[Result]:
     version = version or tree.version()
     if version is None:
         raise ValueError(f"cannot read vLLM's version from {tree.where}; pass --vllm-version")
-    return check_rows(tree, version) + check_imports(tree)
+    return check_rows(tree, version) + check_imports(tree, imports_for(version))
 
 
 def main(argv=None) -> int:

@@ -12,7 +12,13 @@ which this one never imports. Importing this package touches neither vLLM nor CU
 """
 
 __version__ = "0.1.0"
-# The vLLM releases the plugin registers on (patches.check_vllm_version); on any other it steps
-# aside. Each is checked from its source by tools/vllm_source_check.py (tests/test_patch_targets_
-# exist_in_vllm_source.py); the CPU build is released for 0.32.0 only.
-SUPPORTED_VLLM_VERSIONS = ("0.32.0", "0.33.0")
+# The vLLM releases the plugin serves on, by the model runner its glue is written for (plugin.py
+# picks the glue; on any other release it logs one line and steps aside):
+#   V1 runner (0.32, 0.33): patches.py's table adds the method (method_patches.py, proposer.py)
+#   V2 runner (0.34): vLLM's registry of speculative methods (v2_runner/), nothing patched
+# Each is checked from its source by tools/vllm_source_check.py (tests/test_patch_targets_exist_in_
+# vllm_source.py); the CPU build is released for 0.32.0 only.
+V1_RUNNER_VERSIONS = ("0.32.0", "0.33.0")
+V2_RUNNER_VERSIONS = ("0.34.0",)  # the releases v2_runner/ is written and checked for
+# The V2 runner's releases join once its speculator serves; until then the plugin steps aside there.
+SUPPORTED_VLLM_VERSIONS = V1_RUNNER_VERSIONS

@@ -176,6 +176,29 @@ VARIABLES: dict[str, Variable] = {
 }
 
 
+# Per-engine knobs that vLLM 0.34 also takes as `speculative_config.speculator_options` (the option
+# is the variable's name, lower case, without SPARROW_; an option given there wins over the variable).
+ENGINE_OPTIONS: dict[str, str] = {name.removeprefix("SPARROW_").lower(): name for name in (
+    "SPARROW_STOP_CONFIDENCE", "SPARROW_TREE_TOPK", "SPARROW_TREE_BUDGET", "SPARROW_DRAFT_GRAPHS",
+    "SPARROW_ATTENTION_BACKEND", "SPARROW_DRAFT_VOCAB", "SPARROW_HOST_MEMORY_RELEASE")}
+
+
+def parse_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """speculator_options parsed as their variables are ({"stop_confidence": 0.3} -> {"SPARROW_STOP_
+    CONFIDENCE": 0.3}); an unknown option or a bad value raises ValueError saying what is accepted."""
+    out = {}
+    for key, value in (options or {}).items():
+        if key not in ENGINE_OPTIONS:
+            raise ValueError(f"speculator_options {key!r} is not a Sparrow option: use "
+                             f"{', '.join(sorted(ENGINE_OPTIONS))}")
+        name = ENGINE_OPTIONS[key]
+        try:
+            out[name] = VARIABLES[name].parse(f"speculator_options.{key}", str(value))
+        except ValueError as e:
+            raise ValueError(f"{e} ({VARIABLES[name].values})") from None
+    return out
+
+
 def read(name: str) -> Any:
     """The variable's value now: its default when unset or blank, else what its parser makes of it."""
     var = VARIABLES[name]

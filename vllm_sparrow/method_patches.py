@@ -44,22 +44,10 @@ def _wrap_post_init(original: Callable) -> Callable:
 
             refuse_sparrow_draft_under(self.method, self.model)  # a Sparrow draft needs method sparrow
             return original(self)
-        from .checkpoint import check_depth, validate_draft_for_target
-        from .config import DraftConfigError
+        from .method_config import prepare
 
         _refuse_model_runner_v2()
-        pp = getattr(self.target_parallel_config, "pipeline_parallel_size", 1)
-        if pp > 1:
-            # vLLM shares the target's embedding and LM head with the draft on the last PP rank
-            # for its own EAGLE methods only; Sparrow's draft would get token ids, not embeddings.
-            raise DraftConfigError(
-                f"the sparrow method does not support pipeline parallelism (pipeline_parallel_size={pp}): "
-                "serve the target with tensor parallelism (--tensor-parallel-size) or without speculation")
-        draft_cfg = validate_draft_for_target(self.model, self.target_model_config)
-        if self.num_speculative_tokens is None:
-            _draft_depths(self, draft_cfg)
-        check_depth(self.num_speculative_tokens, getattr(self, "num_speculative_tokens_per_batch_size", None),
-                    self.model, draft_cfg.speculative_tokens)
+        prepare(self)  # the draft validated against the target, its depth filled in
         # Upstream's EAGLE path builds draft_model_config (reading the speculators-format
         # config.json through the "sparrow" algo registered below) and the parallel config.
         self.method = "eagle"
@@ -69,16 +57,6 @@ def _wrap_post_init(original: Callable) -> Callable:
             self.method = METHOD
 
     return __post_init__
-
-
-def _draft_depths(spec, draft_cfg) -> None:
-    """The user gave no depth: serve the draft's own, and its per-batch-size schedule when it has
-    one and the user set none (`sparrow tune`); vLLM caps each entry at num_speculative_tokens."""
-    spec.num_speculative_tokens = draft_cfg.speculative_tokens
-    schedule = draft_cfg.depth_per_batch_size
-    if schedule and getattr(spec, "num_speculative_tokens_per_batch_size", False) is None:
-        spec.num_speculative_tokens_per_batch_size = [tuple(e) for e in schedule]
-        spec.num_speculative_tokens = max(e[2] for e in schedule)
 
 
 def _refuse_model_runner_v2() -> None:

@@ -37,8 +37,16 @@ CHECKS = {
     "class": "class or module attribute (hasattr)",
     "field": "dataclass field",
     "instance": "instance attribute: assigned (self.<name> = ...) in the code of the class or a base",
+    "signature": "a method Sparrow overrides, and its parameters' names (the call the runner makes of it)",
     "documented": "not checked: documented only",
 }
+
+
+def parameter_names(names) -> tuple[str, ...]:
+    """A method's parameter names without its leading self or cls (a classmethod read from its
+    class has none; its source does)."""
+    names = tuple(names)
+    return names[1:] if names[:1] in (("self",), ("cls",)) else names
 
 
 @dataclass(frozen=True)
@@ -55,10 +63,13 @@ class Read:
     platform: str = "any"  # "any", "cpu" or "cuda"
     needs: tuple[str, ...] = ()  # the general fix that reads it (turned off: not checked)
     vllm_versions: tuple[str, ...] = ()  # the vLLM versions it applies to; empty: every supported one
+    params: tuple[str, ...] = ()  # check "signature": the method's parameter names, self or cls left out
 
     def __post_init__(self) -> None:
         if self.check not in CHECKS:
             raise ValueError(f"read {self.target}: check {self.check!r} is not one of {', '.join(CHECKS)}")
+        if (self.check == "signature") != bool(self.params):
+            raise ValueError(f"read {self.target}: params go with check 'signature', and it needs them")
 
     @property
     def name(self) -> str:

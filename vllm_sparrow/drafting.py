@@ -19,7 +19,7 @@ def choose_drafting(drafter: SparrowDrafter, num_draft: int, tree: TreeSpec | No
                     graph_mode: str | None, buckets: list[int]) -> DraftingStrategy:
     """tree: the search's spec (None: chains); stop_confidence: adaptive length's threshold (None:
     off); graph_mode: "capture" (CUDA graphs), "eager" (their static buffers, no capture) or
-    None (plain eager), as proposer.draft_graph_mode says."""
+    None (plain eager), as serving_draft.draft_graph_mode says."""
     if tree is not None:
         return TreeDrafting(tree, stop_confidence is not None)
     if stop_confidence is not None:

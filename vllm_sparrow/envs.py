@@ -127,7 +127,7 @@ VARIABLES: dict[str, Variable] = {
         _probability_or_off, None, "a probability in (0, 1), or `off`",
         "the draft's `stop_confidence` (config.json; off if absent)",
         "adaptive length: each request's chain stops where the product of its drafted tokens' draft "
-        "probabilities falls below it (greedy drafting; CUDA graphs off then)", ("proposer.py",)),
+        "probabilities falls below it (greedy drafting; CUDA graphs off then)", ("serving_draft.py",)),
     "SPARROW_TREE_TOPK": Variable(
         _whole_or_off, None, "a whole number >= 1, or `off`", "the draft's `tree_topk` (off if absent)",
         "tree search inside the draft: children scored per node and nodes kept per level (1 or `off`: "
@@ -141,7 +141,7 @@ VARIABLES: dict[str, Variable] = {
         _choice("off", "eager"), None, "`off`, `eager`",
         "follow vLLM's switches (`enforce_eager`, `cudagraph_mode`, tensor parallelism)",
         "CUDA graphs of the decode draft step: `off` turns them off alone; `eager` runs the same "
-        "static-buffer step without capture, on any device (tests)", ("proposer.py",)),
+        "static-buffer step without capture, on any device (tests)", ("serving_draft.py",)),
     "SPARROW_ATTENTION_BACKEND": Variable(
         _choice("torch", "triton"), None, "`torch`, `triton`", "`triton` on CUDA, `torch` elsewhere",
         "the draft's window attention; `triton` off CUDA only under `TRITON_INTERPRET=1` (tests)",
@@ -159,7 +159,7 @@ VARIABLES: dict[str, Variable] = {
         _seconds_or_off, None, "seconds (a number >= 0), or `off`", "every 5 s at the most",
         "how often, at the most, the serving worker hands the C allocator's free pages back to the OS "
         "when requests end (host_memory.py: keeps its resident memory flat under load); `off` never",
-        ("proposer.py",)),
+        ("serving_draft.py",)),
     "SPARROW_DISABLE_PATCHES": Variable(
         _names, frozenset(), "names of general vLLM fixes, comma separated", "every fix is applied",
         "general vLLM fixes to leave out (docs/vllm-patches.md); any other name is logged and ignored",

@@ -5,7 +5,7 @@ by method_patches.py for method "sparrow". It replaces the EAGLE data path: vLLM
 KV cache and never feeds visual embeddings to the draft; each step is translated into a
 `StepBatch` and handed to `SparrowDrafter`, which owns the text-only window cache (allocated
 once at load time, sized by max_num_seqs, refused with a message when it cannot fit), with the
-drafting strategy chosen at load (drafting.py). What it reads from the runner and from the
+drafting strategy chosen at load (drafting.py), as serving_draft.py loads them for either runner. What it reads from the runner and from the
 EagleProposer base, and the methods it overrides, are rows of vllm_reads.py, checked at start-up.
 """
 
@@ -13,54 +13,17 @@ from __future__ import annotations
 
 
 import dataclasses
-import weakref
 
 import numpy as np
 import torch
 from vllm.v1.spec_decode.eagle import EagleProposer
 
-from . import envs
-from .attention import select_backend
-from .checkpoint import load_draft
-from .draft_graphs import GraphDrafting, default_buckets
+from .draft_graphs import GraphDrafting
 from .draft_step import Drafts, DraftingStrategy, kept_drafts
-from .draft_vocab import SubsetLogits, load_vocab
 from .drafter import Sampler, SparrowDrafter, StepBatch, greedy, sampled
-from .drafting import choose_drafting
-from .host_memory import DEFAULT_INTERVAL_S, HostMemoryReturner
-from .model import OwnTokenIO
-from .targets import target_spec
-from .tree_search import TreeDrafting, tree_spec
-from .window import TextWindowCache, WindowSpec
-
-from vllm.logger import init_logger
-
-logger = init_logger("vllm_sparrow")
-
-
-class _TargetTokenIO:
-    """The target's embedding and LM head (TP-aware, via the model's public interface), held
-    weakly: at shutdown vLLM's runner drops the target (runner.shutdown sets model = None) so
-    the next engine in the process gets its memory; a strong reference here would keep every
-    weight alive (a 7B target on one GPU: the next engine could not start)."""
-
-    def __init__(self, target_model: torch.nn.Module) -> None:
-        lm = target_model.get_language_model() if hasattr(target_model, "get_language_model") else target_model
-        self._embed = weakref.WeakMethod(lm.embed_input_ids)
-        self._logits = weakref.WeakMethod(target_model.compute_logits)
-
-    @staticmethod
-    def _live(method: weakref.WeakMethod):
-        fn = method()
-        if fn is None:
-            raise RuntimeError("the target model was released: its engine has shut down")
-        return fn
-
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self._live(self._embed)(token_ids)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._live(self._logits)(hidden)
+from .host_memory import HostMemoryReturner
+from .serving_draft import host_memory_interval, load_serving_draft
+from .tree_search import TreeDrafting
 
 
 class SparrowProposer(EagleProposer):
@@ -78,58 +41,13 @@ class SparrowProposer(EagleProposer):
 
     # ---- set-up called by the runner ----------------------------------------------
     def load_model(self, target_model: torch.nn.Module) -> None:
-        draft_dir = self.speculative_config.model
-        model = load_draft(draft_dir, device=self.device, dtype=self.dtype)
-        target = target_spec(self.vllm_config.model_config.hf_config)
-        backend = select_backend(self.device)
-        cfg = model.cfg
-        max_seqs = self.vllm_config.scheduler_config.max_num_seqs
-        k = self.num_speculative_tokens
-        spec = WindowSpec(cfg.anchor_tokens, cfg.window_tokens)
-        need = TextWindowCache.bytes_needed(spec, max_seqs, k, self.max_model_len,
-                                            cfg.num_key_value_heads, cfg.head_dim, self.dtype)
-        check_cache_budget(need, self.device, max_seqs, cfg.window_tokens)
+        served = load_serving_draft(self.vllm_config, self.speculative_config.model, target_model, self.device,
+                                    self.dtype, self.num_speculative_tokens, self.max_model_len)
         # Kept off `self.model`: the runner wraps a drafter's `.model` in CUDA-graph wrappers.
-        self.sparrow_model = model
-        self._visual_ids = np.asarray(target.visual_token_ids, dtype=np.int64)
+        self.sparrow_model = served.model
+        self.sparrow_drafter, self.drafting = served.drafter, served.drafting
+        self.stop_confidence, self._visual_ids = served.stop_confidence, served.visual_ids
         self._visual_count: dict[str, int] = {}  # request id -> visual placeholders in its prompt
-        io = self._token_io(model, target_model, draft_dir)
-        drafter = self.sparrow_drafter = SparrowDrafter(
-            model, io, target.visual_token_ids,
-            backend, self.device, self.dtype, max_requests=max_seqs, max_draft_tokens=k,
-            max_text_tokens=self.max_model_len,
-        )
-        self.stop_confidence = adaptive_length(stop_confidence(cfg), self.vllm_config.scheduler_config.async_scheduling)
-        mode = draft_graph_mode(self.vllm_config, self.device)
-        self.drafting = choose_drafting(drafter, k, tree_spec(cfg, k), self.stop_confidence, mode,
-                                        default_buckets(max_seqs))
-        graphs = self.drafting.graphs if isinstance(self.drafting, GraphDrafting) else None
-        logger.info(
-            "Sparrow draft %s loaded: drafting %d tokens per step, %s-token draft vocabulary, %s, decode steps %s; text-only window cache (anchors=%d, window=%s) of %d slots x "
-            "%d rows = %.1f MiB, attention backend %s, visual token ids %s skipped",
-            draft_dir, k, "full" if drafter.vocab_ids is None else drafter.vocab_ids.numel(),
-            f"tree search {self.drafting.spec}" if isinstance(self.drafting, TreeDrafting) else self.drafting.name,
-            "eager" if graphs is None else ("in CUDA graphs" if graphs.capture_enabled else "on static buffers"),
-            cfg.anchor_tokens, cfg.window_tokens, max_seqs, drafter.cache.capacity,
-            drafter.cache.nbytes / 2**20, backend.name, list(target.visual_token_ids),
-        )
-
-    def _token_io(self, model, target_model, draft_dir):
-        """The draft's embedding and LM head (its own, else the target's), on the draft's
-        reduced vocabulary when it ships one and the head allows it."""
-        io = OwnTokenIO(model, _TargetTokenIO(target_model))
-        ids = load_vocab(draft_dir)
-        if ids is None:
-            return io
-        vocab = self.vllm_config.model_config.get_vocab_size()
-        if model.lm_head is not None:
-            return SubsetLogits(io, ids, model.lm_head.weight, vocab)
-        head, why = _plain_target_head(target_model, self.vllm_config.parallel_config.tensor_parallel_size)
-        if head is None:
-            logger.warning("Sparrow: the draft's reduced vocabulary is not used (%s); drafting over "
-                           "the full vocabulary", why)
-            return io
-        return SubsetLogits(io, ids, head, vocab)
 
     def initialize_attn_backend(self, kv_cache_config, kernel_block_sizes=None) -> None:
         # No vLLM attention layers and no vLLM KV cache for the draft. Group 0's metadata
@@ -264,94 +182,3 @@ class SparrowProposer(EagleProposer):
         if not self._enable_probabilistic_draft_probs or md.all_greedy:
             return greedy
         return sampled(md.temperature, self.draft_generator)
-
-
-def _plain_target_head(target_model, tp: int):
-    """(weight [vocab, H], "") of the target's LM head when its logits are a plain matmul on
-    one rank, else (None, why)."""
-    if tp > 1:
-        return None, "tensor parallelism shards the LM head"
-    lm = target_model.get_language_model() if hasattr(target_model, "get_language_model") else target_model
-    head = getattr(lm, "lm_head", None)
-    proc = getattr(lm, "logits_processor", None) or getattr(target_model, "logits_processor", None)
-    weight = getattr(head, "weight", None)
-    if weight is None or weight.ndim != 2 or weight.shape[0] == 0:
-        return None, "the target's LM head weight is not reachable"
-    if getattr(head, "bias", None) is not None or proc is None or getattr(proc, "scale", 1.0) != 1.0 \
-            or getattr(proc, "soft_cap", None):
-        return None, "the target's logits are not a plain matmul (bias, scale or soft cap)"
-    return weight, ""
-
-
-def stop_confidence(cfg) -> float | None:
-    """The adaptive-length threshold: SPARROW_STOP_CONFIDENCE (a number, or "off"), else the
-    draft config's stop_confidence."""
-    env = envs.SPARROW_STOP_CONFIDENCE  # None (unset), "off" or a probability
-    if env is None:
-        return cfg.stop_confidence
-    return None if env == "off" else env
-
-
-def host_memory_interval() -> float | None:
-    """Seconds between releases of the allocator's free pages at the most (host_memory.py):
-    SPARROW_HOST_MEMORY_RELEASE, a number or "off" (None: never), else DEFAULT_INTERVAL_S."""
-    env = envs.SPARROW_HOST_MEMORY_RELEASE
-    if env is None:
-        return DEFAULT_INTERVAL_S
-    return None if env == "off" else env
-
-
-def adaptive_length(threshold: float | None, async_scheduling: bool | None) -> float | None:
-    """The stop_confidence to serve with: adaptive length hands vLLM a draft length per request
-    (a list of lists), which vLLM's async scheduling cannot take (its runner asserts a [B, K]
-    tensor), so under async scheduling it is off, said once in the log, and never an assert."""
-    if threshold is None or not async_scheduling:
-        return threshold
-    logger.warning("Sparrow: adaptive length (stop_confidence %s) is off because async scheduling is on: "
-                   "it gives each request its own draft length, which async scheduling cannot verify. "
-                   "Drafting K tokens per request. Start the engine with --no-async-scheduling to use it.",
-                   threshold)
-    return None
-
-
-def draft_graph_mode(vllm_config, device) -> str | None:
-    """How decode steps run: "capture" (CUDA graphs, captured with vLLM's), "eager" (the same
-    static-buffer step without capture: tests), or None (plain eager).
-
-    Graphs follow vLLM's own switches (enforce_eager, cudagraph_mode); SPARROW_DRAFT_GRAPHS=off
-    turns them off, =eager selects the static-buffer path on any device."""
-    env = envs.SPARROW_DRAFT_GRAPHS  # None (unset), "off" or "eager"
-    if env is not None:
-        return None if env == "off" else "eager"
-    spec = vllm_config.speculative_config
-    mode = getattr(vllm_config.compilation_config, "cudagraph_mode", None)
-    if (torch.device(device).type != "cuda" or vllm_config.model_config.enforce_eager
-            or getattr(spec, "enforce_eager", False) or mode is None or mode.name == "NONE"):
-        return None
-    if vllm_config.parallel_config.tensor_parallel_size > 1:
-        logger.info("Sparrow: decode steps run eagerly with tensor parallelism (the LM head's "
-                    "gather across ranks is not captured)")
-        return None
-    return "capture"
-
-
-def check_cache_budget(need: int, device: torch.device, max_seqs: int, window: int | None) -> None:
-    """Refuse, at start-up, a draft cache that cannot fit in the free memory of the device."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(dev)
-    else:
-        import psutil
-
-        free = psutil.virtual_memory().available
-    if need > free * 0.9:
-        hint = ("window_tokens: null keeps every text token of max_model_len per slot; "
-                "lower max_model_len") if window is None else "lower window_tokens"
-        raise DraftCacheTooLarge(
-            f"the Sparrow draft cache needs {need / 2**30:.2f} GiB ({max_seqs} slots, one per "
-            f"max_num_seqs), but only {free / 2**30:.2f} GiB is free on {dev}. Lower max_num_seqs, "
-            f"or {hint}.")
-
-
-class DraftCacheTooLarge(RuntimeError):
-    pass

@@ -21,6 +21,7 @@ _SAMPLING = "vllm.v1.sample.metadata.SamplingMetadata"
 _EAGLE = "vllm.v1.spec_decode.eagle.EagleProposer"  # its instance attributes are set by SpecDecodeBaseProposer
 _OPS = "vllm._custom_ops"
 _PROPOSER = "proposer.py"
+_SERVING = "serving_draft.py"
 _CAPTURE = "training/capture_worker.py"
 
 
@@ -81,14 +82,14 @@ ROWS: tuple[Read, ...] = (
     _overridden("propose", "one draft step: the runner's step in, draft token ids out"),
     Read(f"{_EAGLE}.take_last_draft_probs", _PROPOSER,
          "not overridden: the runner reads _last_draft_probs through it", "class"),
-    # proposer.py: the target model, through its model class (differs per architecture)
-    Read("<target model>.get_language_model", _PROPOSER,
+    # serving_draft.py: the target model, through its model class (differs per architecture)
+    Read("<target model>.get_language_model", _SERVING,
          "the language model of a multimodal target (else the model itself)", "documented"),
-    Read("<target language model>.embed_input_ids", _PROPOSER,
+    Read("<target language model>.embed_input_ids", _SERVING,
          "the target's embedding, shared with a draft that has none", "documented"),
-    Read("<target model>.compute_logits", _PROPOSER, "the target's LM head, shared with a draft that has none",
+    Read("<target model>.compute_logits", _SERVING, "the target's LM head, shared with a draft that has none",
          "documented"),
-    Read("<target language model>.lm_head, .logits_processor", _PROPOSER,
+    Read("<target language model>.lm_head, .logits_processor", _SERVING,
          "the head's weight for a reduced draft vocabulary, used only when the logits are a plain matmul "
          "(else the full vocabulary; read with getattr)", "documented", required=False),
     # engine_stats.py: the drafter's accounting, through LLM.collective_rpc

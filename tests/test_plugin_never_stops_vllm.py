@@ -36,7 +36,7 @@ def test_on_another_vllm_version_plain_vllm_runs_and_sparrow_is_refused(target_d
     assert done.returncode == 0, done.stderr[-3000:]
     assert "GENERATED 4" in done.stdout and "APPLIED 0" in done.stdout and "REFUSED" in done.stdout
     log = done.stdout + done.stderr
-    assert "vllm-sparrow supports vLLM 0.32.0 and 0.33.0 only, found 0.99.0" in log
+    assert "vllm-sparrow supports vLLM 0.32.0, 0.33.0 and 0.34.0 only, found 0.99.0" in log
     assert "sparrow speculative method is not registered" in log
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_sparrow import SUPPORTED_VLLM_VERSIONS
+from vllm_sparrow.patches import supported_versions_text
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET, DRAFT = ROOT / "models/world-hard/target", ROOT / "models/world-hard/sparrow"
@@ -77,7 +77,7 @@ def _run(code: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-def test_on_vllm_034_the_plugin_patches_nothing_and_sets_no_environment():
+def test_on_vllm_034_the_plugin_registers_sparrow_patches_nothing_and_sets_no_environment():
     done = _run("""
         import os
         import vllm
@@ -90,11 +90,7 @@ def test_on_vllm_034_the_plugin_patches_nothing_and_sets_no_environment():
     """)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "VERSION 0.34.0 APPLIED 0 ENV False" in done.stdout
-    if "0.34.0" in SUPPORTED_VLLM_VERSIONS:
-        assert "METHODS ['sparrow']" in done.stdout
-    else:  # until its speculator serves, the plugin steps aside on 0.34 as on any release it does not support
-        assert "METHODS []" in done.stdout
-        assert "The sparrow speculative method is not registered" in done.stdout + done.stderr
+    assert "METHODS ['sparrow']" in done.stdout
 
 
 def test_on_a_release_it_does_not_know_the_plugin_steps_aside_naming_the_supported_ones():
@@ -110,7 +106,7 @@ def test_on_a_release_it_does_not_know_the_plugin_steps_aside_naming_the_support
     assert done.returncode == 0, done.stderr[-3000:]
     assert "APPLIED 0 METHODS []" in done.stdout
     log = done.stdout + done.stderr
-    assert f"vllm-sparrow supports vLLM {' and '.join(SUPPORTED_VLLM_VERSIONS)} only, found 0.35.0" in log
+    assert f"vllm-sparrow supports vLLM {supported_versions_text()} only, found 0.35.0" in log
     assert "The sparrow speculative method is not registered; vLLM runs without it" in log
 
 

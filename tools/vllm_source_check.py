@@ -454,7 +454,7 @@ def check_rows(tree: SourceTree, version: str, rows=None) -> list[Result]:
         if not applies:
             out.append(Result(row.kind, row.target, "skipped", why, by))
             continue
-        found, detail = check_target(resolver, row.target, check, getattr(row, "params", ()))
+        found, detail = check_target(resolver, row.target, check, getattr(row, "params", None) or ())
         if row.platform not in ("any", build):
             # Another build's row (not applied on this one): its source may be here anyway (the GPU
             # wheel ships the CPU platform's modules), so it is checked where it is.

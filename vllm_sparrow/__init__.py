@@ -9,7 +9,7 @@ The paper's parts live in separate places:
     V1 runner (0.32, 0.33)                     proposer.py, patches.py (the one table of vLLM
                                                touches: method_patches.py, vllm_reads.py,
                                                vllm_fixes.py, through patch_helper.py)
-    V2 runner (0.34, in progress)              v2_runner/
+    V2 runner (0.34, experimental)             v2_runner/
 The demo kit (synthetic world, demo models, benchmark) is the separate package sparrow_world,
 which this one never imports. Importing this package touches neither vLLM nor CUDA.
 """
@@ -22,6 +22,5 @@ __version__ = "0.1.0"
 # Each is checked from its source by tools/vllm_source_check.py (tests/test_patch_targets_exist_in_
 # vllm_source.py); the CPU build is released for 0.32.0 only.
 V1_RUNNER_VERSIONS = ("0.32.0", "0.33.0")
-V2_RUNNER_VERSIONS = ("0.34.0",)  # the releases v2_runner/ is written and checked for
-# The V2 runner's releases join once its speculator serves; until then the plugin steps aside there.
-SUPPORTED_VLLM_VERSIONS = V1_RUNNER_VERSIONS
+V2_RUNNER_VERSIONS = ("0.34.0",)  # experimental there: driven below the runner, no real 0.34 engine yet
+SUPPORTED_VLLM_VERSIONS = V1_RUNNER_VERSIONS + V2_RUNNER_VERSIONS

@@ -410,6 +410,10 @@ class SparrowDrafter:
             "held": self.held(),
         }
 
+    def tracked(self) -> list[str]:
+        """The requests that hold a slot now (host only)."""
+        return list(self.slot_of)
+
     def held(self) -> dict[str, int]:
         """How many requests each per-request structure holds (host reads only): slots (live
         requests, at most max_requests) and recent (released requests whose entries stats()

@@ -26,6 +26,7 @@ from the package and read no variable.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -199,8 +200,27 @@ def parse_options(options: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
+_OPTIONS: dict[str, Any] = {}  # engine_options' overrides, by variable name
+
+
+@contextlib.contextmanager
+def engine_options(parsed: dict[str, Any]):
+    """Within the block, the variables given as speculator_options (parse_options' result) read as
+    those values: the V2 runner's speculator loads its draft inside it, so one engine's options
+    never leak into another engine of the process."""
+    global _OPTIONS
+    saved, _OPTIONS = _OPTIONS, dict(parsed)
+    try:
+        yield
+    finally:
+        _OPTIONS = saved
+
+
 def read(name: str) -> Any:
-    """The variable's value now: its default when unset or blank, else what its parser makes of it."""
+    """The variable's value now: a speculator option given for the engine being set up, else its
+    default when unset or blank, else what its parser makes of it."""
+    if name in _OPTIONS:
+        return _OPTIONS[name]
     var = VARIABLES[name]
     raw = os.environ.get(name, "")
     return var.default if not raw.strip() else var.parse(name, raw)

@@ -63,12 +63,12 @@ class Read:
     platform: str = "any"  # "any", "cpu" or "cuda"
     needs: tuple[str, ...] = ()  # the general fix that reads it (turned off: not checked)
     vllm_versions: tuple[str, ...] = ()  # the vLLM versions it applies to; empty: every supported one
-    params: tuple[str, ...] = ()  # check "signature": the method's parameter names, self or cls left out
+    params: tuple[str, ...] | None = None  # check "signature": the method's parameter names, self or cls left out
 
     def __post_init__(self) -> None:
         if self.check not in CHECKS:
             raise ValueError(f"read {self.target}: check {self.check!r} is not one of {', '.join(CHECKS)}")
-        if (self.check == "signature") != bool(self.params):
+        if (self.check == "signature") != (self.params is not None):
             raise ValueError(f"read {self.target}: params go with check 'signature', and it needs them")
 
     @property

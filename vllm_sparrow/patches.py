@@ -240,7 +240,8 @@ def table_markdown() -> str:
              "`signature` row lists the parameters the glue overrides or calls the method with.", "",
              "| reads | checked as | parameters | read by | for |", "|---|---|---|---|---|"]
     for r in v2_reads.ROWS:
-        rows.append(f"| `{r.target}` | {r.check} | {', '.join(r.params) or '-'} | {r.by} | {r.reason} |")
+        params = "-" if r.params is None else ", ".join(r.params) or "(none)"
+        rows.append(f"| `{r.target}` | {r.check} | {params} | {r.by} | {r.reason} |")
     return "\n".join(rows) + "\n"
 
 

@@ -49,7 +49,9 @@ class ServingDraft:
 
 
 def load_serving_draft(vllm_config, draft_dir: str, target_model: torch.nn.Module, device, dtype,
-                       num_draft: int, max_model_len: int) -> ServingDraft:
+                       num_draft: int, max_model_len: int, per_request_lengths: bool = True) -> ServingDraft:
+    """per_request_lengths: whether the runner can verify a different number of drafts per request
+    (adaptive length needs it)."""
     model = load_draft(draft_dir, device=device, dtype=dtype)
     target = target_spec(vllm_config.model_config.hf_config)
     backend = select_backend(device)
@@ -62,7 +64,8 @@ def load_serving_draft(vllm_config, draft_dir: str, target_model: torch.nn.Modul
     io = token_io(vllm_config, model, target_model, draft_dir)
     drafter = SparrowDrafter(model, io, target.visual_token_ids, backend, device, dtype, max_requests=max_seqs,
                              max_draft_tokens=num_draft, max_text_tokens=max_model_len)
-    threshold = adaptive_length(stop_confidence(cfg), vllm_config.scheduler_config.async_scheduling)
+    threshold = adaptive_length(stop_confidence(cfg), vllm_config.scheduler_config.async_scheduling,
+                                per_request_lengths)
     drafting = choose_drafting(drafter, num_draft, tree_spec(cfg, num_draft), threshold,
                                draft_graph_mode(vllm_config, device), default_buckets(max_seqs))
     graphs = drafting.graphs if isinstance(drafting, GraphDrafting) else None
@@ -158,10 +161,16 @@ def host_memory_interval() -> float | None:
     return None if env == "off" else env
 
 
-def adaptive_length(threshold: float | None, async_scheduling: bool | None) -> float | None:
+def adaptive_length(threshold: float | None, async_scheduling: bool | None,
+                    per_request_lengths: bool = True) -> float | None:
     """The stop_confidence to serve with: adaptive length hands vLLM a draft length per request
     (a list of lists), which vLLM's async scheduling cannot take (its runner asserts a [B, K]
     tensor), so under async scheduling it is off, said once in the log, and never an assert."""
+    if threshold is not None and not per_request_lengths:
+        logger.warning("Sparrow: adaptive length (stop_confidence %s) is off: vLLM's Model Runner V2 verifies "
+                       "the same number of drafts for every request of a step (a shorter chain would have to be "
+                       "padded with tokens the target then checks). Drafting K tokens per request.", threshold)
+        return None
     if threshold is None or not async_scheduling:
         return threshold
     logger.warning("Sparrow: adaptive length (stop_confidence %s) is off because async scheduling is on: "

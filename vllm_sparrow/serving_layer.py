@@ -36,6 +36,7 @@ class _VllmOps:
     def __init__(self, device: torch.device) -> None:
         from vllm import _custom_ops as ops
 
+        torch.ops._C.rms_norm  # noqa: B018 - the compiled extension loaded (an AttributeError if it did not)
         self.rms_norm = ops.rms_norm  # (out, x, weight, eps)
         self.fused_add_rms_norm = ops.fused_add_rms_norm  # (x, residual, weight, eps), in place
         self.rotary = ops.rotary_embedding  # (positions, q, k, head_dim, cos_sin, is_neox), in place

@@ -21,7 +21,7 @@ def _read(target: str, by: str, reason: str, check: str, **kw) -> Read:
     return Read(target, by, reason, check, vllm_versions=VERSIONS, **kw)
 
 
-ROWS: tuple[Read, ...] = (
+METHOD_ROWS: tuple[Read, ...] = (
     _read(f"{_CONFIGS}.register_speculative_method", "v2_runner/method.py",
           "registers \"sparrow\" with its config class", "signature", params=("name", "config_cls")),
     _read(f"{_BASE}.configure", "v2_runner/method.py",
@@ -43,3 +43,64 @@ ROWS: tuple[Read, ...] = (
           "per-batch-size depths, checked against the draft's trained depth; the draft's own schedule when "
           "the user gives none", "field"),
 )
+
+_SPECULATORS = "vllm.v1.worker.gpu.spec_decode.speculator"
+_DRAFT = f"{_SPECULATORS}.DraftModelSpeculator"
+_BATCH = "vllm.v1.worker.gpu.input_batch.InputBatch"
+_STATES = "vllm.v1.worker.gpu.states.RequestState"
+_GLUE = "v2_runner/speculator.py"
+_STEP = "v2_runner/step_inputs.py"
+_PROPOSE = ("input_batch", "attn_metadata", "slot_mappings", "last_hidden_states", "aux_hidden_states",
+            "num_sampled", "num_rejected", "last_sampled", "next_prefill_tokens", "temperature", "seeds",
+            "dp_sync_state", "dummy_run", "skip_attn_for_dummy_run", "mm_inputs", "is_profile",
+            "num_speculative_tokens")
+
+
+def _hook(name: str, params: tuple[str, ...], reason: str, owner: str = f"{_SPECULATORS}.BaseSpeculator") -> Read:
+    return _read(f"{owner}.{name}", _GLUE, reason, "signature", params=params)
+
+
+SPECULATOR_ROWS: tuple[Read, ...] = (
+    # the speculator's base and the hooks it overrides (the runner's calls of them)
+    _read(_DRAFT, _GLUE, "subclassed: the runner calls load_model(target) only for DraftModelSpeculator", "class"),
+    _hook("__init__", ("vllm_config", "device"), "called by the subclass's constructor", _DRAFT),
+    _hook("load_draft_model", ("target_model", "target_attn_layer_names"),
+          "overridden: loads the Sparrow draft with the target's embedding and LM head", _DRAFT),
+    _hook("propose", _PROPOSE, "overridden: one draft step"),
+    _hook("add_request", ("req_index",), "overridden: a request joined (preempted ones released)"),
+    _hook("on_requests_finished", ("finished_req_ids",), "overridden: frees finished requests' slots"),
+    _hook("reset_state", (), "overridden: frees every slot after vLLM's warm-up"),
+    _hook("init_cudagraph_manager", ("cudagraph_mode",), "overridden: the draft's graphs are its own"),
+    _hook("capture", (), "overridden: captures the decode step's graphs"),
+    _read("vllm.v1.worker.gpu.spec_decode.init_speculator", _GLUE,
+          "passes req_states to a speculator whose constructor takes it (read in its source)", "class"),
+    # what the DraftModelSpeculator base sets up
+    _read(f"{_DRAFT}.draft_tokens", _GLUE, "[max_num_reqs, K] int64: the drafts returned", "instance"),
+    _read(f"{_DRAFT}.draft_logits", _GLUE, "the DraftLogitsCache of probabilistic verification, or None",
+          "instance"),
+    _read(f"{_DRAFT}.num_speculative_steps", _GLUE, "K", "instance"),
+    _read(f"{_DRAFT}.max_num_reqs", _GLUE, "max_num_seqs", "instance"),
+    _read(f"{_DRAFT}.speculative_config", _GLUE, "the draft directory and speculator_options", "instance"),
+    _read("vllm.v1.worker.gpu.spec_decode.draft_logits.DraftLogitsCache.values", _GLUE,
+          "[max_num_reqs, K, vocab] what the rejection sampler reads as each draft's distribution "
+          "(softmax(values / T))", "instance"),
+    # the request states: the prompt's tokens on the host when a request joins, its prompt length
+    _read(f"{_STATES}.add_request", _GLUE, "wrapped on the runner's own object (not the class): each new "
+          "request's prompt tokens, to record its visual placeholder spans", "signature",
+          params=("req_id", "prompt_len", "all_token_ids", "num_computed_tokens", "max_tokens")),
+    _read(f"{_STATES}.req_id_to_index", _GLUE, "live requests (a tracked one absent was preempted)", "instance"),
+    _read(f"{_STATES}.index_to_req_id", _GLUE, "the request a slot was given to", "instance"),
+    _read(f"{_STATES}.prompt_len", _STEP, "prompt lengths by slot (its .np: the host copy)", "instance"),
+    _read("vllm.v1.worker.gpu.buffer_utils.UvaBackedTensor.np", _STEP, "the host copy of prompt_len", "instance"),
+    # the step
+    *(_read(f"{_BATCH}.{f}", _STEP, why, "field") for f, why in (
+        ("req_ids", "the batch's requests"), ("num_reqs", "B"), ("num_tokens", "T: rows without padding"),
+        ("idx_mapping", "[B] request-state slot per batch row (device)"), ("idx_mapping_np", "the same, host"),
+        ("query_start_loc", "[B + 1] row offsets (device)"), ("query_start_loc_np", "the same, host"),
+        ("seq_lens", "[B] computed + scheduled tokens (device)"),
+        ("num_computed_tokens_np", "[B] tokens computed before the step (host; an upper bound)"),
+        ("has_prefill", "some request runs its prefill: the packed layout"),
+        ("input_ids", "[T] the tokens the target ran"))),
+)
+
+ROWS: tuple[Read, ...] = METHOD_ROWS + SPECULATOR_ROWS

@@ -1,0 +1,136 @@
+"""Sparrow as vLLM 0.34's speculator (Model Runner V2): the runner's step in, draft token ids out.
+
+A `DraftModelSpeculator`, for the one thing that class has that the bare interface lacks: the
+runner calls its load_model with the target model, whose embedding and LM head the draft shares.
+Its draft is no vLLM model: it registers no vLLM attention layer, so the runner allocates no
+draft KV cache and builds no attention metadata for it; the drafter owns its text-only window
+cache (serving_draft.py loads the draft exactly as the V1 runner's proposer does). Each step is
+translated into a StepBatch without reading the device (step_inputs.py).
+
+Lifecycle, as the runner drives it:
+  add_request(slot)       a request joined: its prompt's visual spans were recorded as
+                          RequestState.add_request ran (this glue wraps it on the runner's own
+                          object); a request that left the runner without finishing (preempted:
+                          0.34 tells the speculator nothing) is released here; one that is back
+                          restarts its text stream through the drafter's restart path
+  propose(...)            commit the step's target states, draft K tokens (K = 0: commit only)
+  on_requests_finished    finished and aborted requests: their slots freed
+  reset_state             after vLLM's warm-up requests: every slot freed
+Sampled requests draft from q = softmax(draft logits / T) when vLLM keeps draft logits for
+probabilistic verification (draft_sample_method "probabilistic"): q is written to the runner's
+DraftLogitsCache as T * log q, which the rejection sampler turns back into q; otherwise drafts
+are greedy and verified one-hot, which is exact too. What the glue relies on in vLLM is declared
+in vllm_reads.py, checked before the method registers.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
+
+from .. import envs
+from ..draft_graphs import GraphDrafting
+from ..drafter import GREEDY_TEMPERATURE, greedy, sampled
+from ..host_memory import HostMemoryReturner
+from ..serving_draft import ServingDraft, host_memory_interval, load_serving_draft
+from .step_inputs import PromptLayouts, step_batch
+
+
+class SparrowSpeculator(DraftModelSpeculator):
+    def __init__(self, vllm_config, device, req_states=None):
+        super().__init__(vllm_config, device)
+        if req_states is None:
+            raise RuntimeError("vllm-sparrow's V2 speculator needs the runner's request states "
+                               "(vLLM 0.34 passes them to a speculator whose constructor takes req_states)")
+        self.req_states = req_states
+        self.options = envs.parse_options(self.speculative_config.speculator_options)
+        with envs.engine_options(self.options):
+            self.host_memory = HostMemoryReturner(host_memory_interval())
+        self.served: ServingDraft | None = None
+        self.layouts: PromptLayouts | None = None
+        self.draft_generator = torch.Generator(device=device)
+        self.draft_generator.manual_seed(vllm_config.model_config.seed or 0)
+        self._watch_new_requests(req_states)
+
+    def _watch_new_requests(self, req_states) -> None:
+        """Record each new request's prompt layout as the runner adds it to its request states
+        (the token ids are on the host only there), on the runner's own object, not the class."""
+        add = req_states.add_request
+
+        def add_request(req_id, prompt_len, all_token_ids, num_computed_tokens, max_tokens):
+            add(req_id, prompt_len, all_token_ids, num_computed_tokens, max_tokens)
+            if self.layouts is not None:
+                self.layouts.record(req_id, prompt_len, all_token_ids)
+
+        req_states.add_request = add_request
+
+    # ---- set-up called by the runner ----------------------------------------------------------
+    def load_draft_model(self, target_model: torch.nn.Module, target_attn_layer_names: set[str]) -> torch.nn.Module:
+        with envs.engine_options(self.options):
+            self.served = load_serving_draft(self.vllm_config, self.speculative_config.model, target_model,
+                                             self.device, self.dtype, self.num_speculative_steps,
+                                             self.max_model_len, per_request_lengths=False)
+        self.layouts = PromptLayouts(self.served.visual_ids)
+        return self.served.model
+
+    def init_cudagraph_manager(self, cudagraph_mode) -> None:
+        pass  # the decode step's graphs are the drafter's own (draft_graphs.py), captured in capture()
+
+    def capture(self) -> None:
+        if isinstance(self.served.drafting, GraphDrafting):
+            self.served.drafting.graphs.capture()
+
+    # ---- requests ---------------------------------------------------------------------------------
+    def add_request(self, req_index: int) -> None:  # req_index: the newcomer's slot (its layout is recorded)
+        # A request that left the runner without finishing (preempted: 0.34 says nothing) gives its
+        # slot back before the newcomer takes one. One back already (resumed, or its input streamed
+        # in) keeps its slot: its rows restart at an earlier position, which the drafter takes as
+        # a restart of its text stream (drafter.py, `fresh`).
+        drafter, live = self.served.drafter, self.req_states.req_id_to_index
+        gone = [r for r in drafter.tracked() if r not in live]
+        if gone:
+            drafter.release(gone)
+
+    def on_requests_finished(self, finished_req_ids: set[str]) -> None:
+        self.served.drafter.release(finished_req_ids)
+        self.layouts.drop(finished_req_ids)
+        self.host_memory.maybe_release()  # the ended requests' step temporaries are free now
+
+    def reset_state(self) -> None:
+        drafter = self.served.drafter
+        drafter.release(drafter.tracked())
+        self.layouts.drop(list(self.layouts.by_request))
+
+    # ---- one step ---------------------------------------------------------------------------------
+    def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states,
+                num_sampled, num_rejected, last_sampled, next_prefill_tokens, temperature, seeds,
+                dp_sync_state=None, dummy_run=False, skip_attn_for_dummy_run=False, mm_inputs=None,
+                is_profile=False, num_speculative_tokens=None) -> torch.Tensor:  # [num_reqs, K]
+        K, n = self.num_speculative_steps, input_batch.num_reqs
+        out = self.draft_tokens[:n]  # [B, K] the runner masks drafts past this step's count itself
+        drafter = self.served.drafter
+        if dummy_run:
+            if is_profile:  # vLLM's memory profile: the draft's largest step is in its peak
+                drafter.profile_step(input_batch.num_tokens, self.max_num_reqs, K)
+            return out.zero_()
+        batch = step_batch(drafter, self.layouts, input_batch, self.req_states.prompt_len.np, last_hidden_states,
+                           num_sampled, num_rejected, last_sampled, next_prefill_tokens)
+        if num_speculative_tokens == 0:  # no drafts scheduled: the step's states still go in
+            with torch.inference_mode():
+                drafter.commit(batch, K)
+            return out.zero_()
+        temp = temperature[input_batch.idx_mapping[:n]]  # [B] by batch row (vLLM's is by slot)
+        sample = greedy if self.draft_logits is None else sampled(temp, self.draft_generator)
+        drafts = drafter.step(batch, K, sample, self.served.drafting)
+        out.copy_(drafts.ids)
+        if drafts.probs is not None:
+            self._keep_draft_logits(input_batch.idx_mapping[:n], temp, drafts.probs)
+        return out
+
+    def _keep_draft_logits(self, slots: torch.Tensor, temp: torch.Tensor, probs: torch.Tensor) -> None:
+        """What the rejection sampler reads as each draft's distribution: values / T through a
+        softmax gives q back (values = T * log q); greedy rows (T ~ 0) are verified by argmax."""
+        values = self.draft_logits.values  # [max_num_reqs, K, vocab]
+        t = torch.where(temp < GREEDY_TEMPERATURE, 1.0, temp.float())[:, None, None]  # [B, 1, 1]
+        V = min(values.shape[-1], probs.shape[-1])
+        values[slots, :, :V] = (t * probs[..., :V].float().log()).to(values.dtype)

@@ -7,7 +7,8 @@ drafts (tests/dense_reference.py), at every step, for: video requests decoding w
 acceptance, a 3,000-token text prompt arriving in chunks beside 16 of them, requests finished and
 new ones taking their slots, a request preempted (0.34 tells the speculator nothing) and
 resumed with its outputs folded into its prefill (the drafter's restart path), and one preempted
-for good, whose slot goes back when the next request arrives. No propose() reads the device from the host.
+for good, whose slot goes back when the next request arrives. With probabilistic verification a
+sampled request leaves in vLLM's draft-logits cache the distribution its drafts were drawn from. No propose() reads the device from the host.
 
 The steps are made here the way 0.34's runner makes them (a stand-in for its bookkeeping, written
 from its interface: rows per request, num_sampled / num_rejected, last_sampled and
@@ -53,6 +54,15 @@ class TargetHeads(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def built():
+    return _build("greedy")
+
+
+@pytest.fixture(scope="module")
+def built_sampled():
+    return _build("probabilistic")
+
+
+def _build(draft_sample_method: str) -> "Runner":
     import vllm.v1.worker.cpu.shm  # noqa: F401 - the CPU worker's stand-ins for pinned memory and streams
     from vllm.config import DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
     from vllm.v1.worker.gpu.states import RequestState
@@ -63,6 +73,7 @@ def built():
     register()
     model = ModelConfig(model=str(TARGET), dtype="float32", max_model_len=MAX_LEN)
     spec = SpeculativeConfig(method="sparrow", model=str(DRAFT), num_speculative_tokens=K,
+                             draft_sample_method=draft_sample_method,
                              target_model_config=model, target_parallel_config=ParallelConfig())
     config = VllmConfig(model_config=model, speculative_config=spec, device_config=DeviceConfig(device="cpu"),
                         scheduler_config=SchedulerConfig(max_num_seqs=MAX_REQS, max_num_batched_tokens=BUDGET,
@@ -93,6 +104,7 @@ class Runner:
         self.prompt_len: dict[str, int] = {}  # the replay's key (id before "-") -> prompt length
         self.records: list[dict] = []
         self.host_reads: list[str] = []
+        self.temperature = torch.zeros(MAX_REQS)  # [max_num_reqs] by request-state slot, as vLLM's
 
     def _text(self, n: int) -> list[int]:
         return [int(t) for t in self.rng.choice(self.text_ids, n)]
@@ -180,7 +192,7 @@ class Runner:
         with OpCounter() as counter, torch.inference_mode():
             out = self.spec.propose(batch, None, None, states, None,
                                     torch.tensor(n_sampled, dtype=torch.int32), torch.tensor(n_rejected, dtype=torch.int32),
-                                    last, nxt, torch.zeros(MAX_REQS), torch.zeros(MAX_REQS, dtype=torch.int64),
+                                    last, nxt, self.temperature, torch.zeros(MAX_REQS, dtype=torch.int64),
                                     num_speculative_tokens=K)
         self.host_reads += counter.host_reads
         drafts = out.tolist()
@@ -193,7 +205,7 @@ class Runner:
             "req_ids": list(order), "token_ids": torch.tensor(rows), "hidden": states[:T].clone(),
             "row_start": qs[:-1].tolist(), "num_valid": valid, "seq_start": computed,
             "next_token": [int(last[s, 0]) if ns else int(nxt[0, s]) for s, ns in zip(slots, n_sampled)],
-            "mid_prefill": [not ns for ns in n_sampled], "drafts": drafts,
+            "mid_prefill": [not ns for ns in n_sampled], "drafts": drafts, "slots": slots.tolist(),
             "logits": [x for x in self.logits if x.shape[0] == n]})
 
     def _states(self, req_id: str, start: int, n: int) -> torch.Tensor:
@@ -238,3 +250,36 @@ def test_the_v2_speculator_drafts_what_the_dense_reference_drafts(built):
     assert run.host_reads == []
     held = run.spec.served.drafter.held()
     assert held["slots"] == len(run.reqs)  # v3, v4 released when finished, v6 when a newcomer came
+
+
+def test_sampled_drafts_leave_the_distribution_they_were_drawn_from_for_vllms_rejection_sampler(built_sampled):
+    """With probabilistic verification (draft_sample_method "probabilistic"), a request at T > 0
+    drafts from q = softmax(draft logits / T) and leaves softmax(values / T) = q in vLLM's draft-
+    logits cache, at its request-state slot and each draft position (what 0.34's rejection sampler
+    reads as the draft distribution); a greedy request beside it drafts the argmax."""
+    run = built_sampled
+    cache = run.spec.draft_logits
+    assert cache is not None and tuple(cache.values.shape[:2]) == (MAX_REQS, K)
+    for v in range(6):
+        run.add(f"s{v}-a", run.video_prompt(visual=24 + 8 * v))
+        run.temperature[run.states.req_id_to_index[f"s{v}-a"]] = 0.7 if v % 2 else 0.0
+    compared = 0
+    for _ in range(5):
+        run.step({})
+        rec = run.records[-1]
+        for b, (slot, mid) in enumerate(zip(rec["slots"], rec["mid_prefill"])):
+            if mid:
+                continue
+            t = float(run.temperature[slot])
+            for k in range(K):
+                logits = rec["logits"][k][b]
+                draft = rec["drafts"][b][k]
+                if t == 0.0:
+                    assert draft == int(logits.argmax())
+                    continue
+                q = torch.softmax(logits / t, -1)
+                stored = torch.softmax(cache.values[slot, k].float() / t, -1)
+                assert torch.allclose(stored, q, atol=1e-5), (slot, k)
+                assert q[draft] > 0
+                compared += 1
+    assert compared >= 3 * 4 * K  # three sampled requests, four decode steps

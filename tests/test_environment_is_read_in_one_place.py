@@ -89,7 +89,7 @@ def test_variables_are_read_at_each_access_not_at_import(monkeypatch):
 @pytest.mark.parametrize("name, value, message", [
     ("SPARROW_STOP_CONFIDENCE", "high", "SPARROW_STOP_CONFIDENCE='high': use a probability in (0, 1) or 'off'"),
     ("SPARROW_STOP_CONFIDENCE", "1.5", "SPARROW_STOP_CONFIDENCE=1.5: use a probability in (0, 1) or 'off'"),
-    ("SPARROW_TREE_TOPK", "Two", "SPARROW_TREE_TOPK='two': use a whole number or 'off'"),
+    ("SPARROW_TREE_TOPK", "Two", "SPARROW_TREE_TOPK='two': use a whole number >= 1 or 'off'"),
     ("SPARROW_TREE_BUDGET", "0", "SPARROW_TREE_BUDGET=0: use a whole number >= 1 or 'off'"),
     ("SPARROW_DRAFT_GRAPHS", "yes", "SPARROW_DRAFT_GRAPHS='yes': use 'off' or 'eager' (or leave it unset)"),
     ("SPARROW_ATTENTION_BACKEND", "Flash", "SPARROW_ATTENTION_BACKEND='flash': use 'torch' or 'triton' (or leave it unset)"),

@@ -17,6 +17,8 @@ computed, never the glue's StepBatch."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -25,8 +27,6 @@ from engine_probe import _RecordingIO
 from safetensors.torch import load_file
 
 from sparrow_world.bench.op_count import OpCounter
-
-from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET, DRAFT = ROOT / "models/world-hard/target", ROOT / "models/world-hard/sparrow"
@@ -250,6 +250,7 @@ def test_the_v2_speculator_drafts_what_the_dense_reference_drafts(built):
     assert run.host_reads == []
     held = run.spec.served.drafter.held()
     assert held["slots"] == len(run.reqs)  # v3, v4 released when finished, v6 when a newcomer came
+    assert set(run.spec.layouts.by_request) == set(run.reqs)  # prompt layouts of live requests only
 
 
 def test_sampled_drafts_leave_the_distribution_they_were_drawn_from_for_vllms_rejection_sampler(built_sampled):

@@ -56,43 +56,25 @@ def _choice(*allowed: str) -> Callable[[str, str], str]:
     return parse
 
 
-def _whole_or_off(name: str, raw: str) -> int | str:
-    text = raw.strip().lower()
-    if text == "off":
-        return "off"
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r}: use a whole number or 'off'") from None
-    if value < 1:
-        raise ValueError(f"{name}={value}: use a whole number >= 1 or 'off'")
-    return value
+def _number_or_off(kind: type, ok: Callable[[float], bool], what: str) -> Callable[[str, str], Any]:
+    """A number of `kind` that `ok` accepts (`what` says which, in messages), or "off"."""
+    def parse(name: str, raw: str):
+        text = raw.strip().lower()
+        if text == "off":
+            return "off"
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ValueError(f"{name}={text!r}: use {what} or 'off'") from None
+        if not ok(value):
+            raise ValueError(f"{name}={value}: use {what} or 'off'")
+        return value
+    return parse
 
 
-def _probability_or_off(name: str, raw: str) -> float | str:
-    text = raw.strip().lower()
-    if text == "off":
-        return "off"
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r}: use a probability in (0, 1) or 'off'") from None
-    if not 0.0 < value < 1.0:
-        raise ValueError(f"{name}={value}: use a probability in (0, 1) or 'off'")
-    return value
-
-
-def _seconds_or_off(name: str, raw: str) -> float | str:
-    text = raw.strip().lower()
-    if text == "off":
-        return "off"
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r}: use a number of seconds >= 0 or 'off'") from None
-    if not value >= 0.0:
-        raise ValueError(f"{name}={value}: use a number of seconds >= 0 or 'off'")
-    return value
+_whole_or_off = _number_or_off(int, lambda v: v >= 1, "a whole number >= 1")
+_probability_or_off = _number_or_off(float, lambda v: 0.0 < v < 1.0, "a probability in (0, 1)")
+_seconds_or_off = _number_or_off(float, lambda v: v >= 0.0, "a number of seconds >= 0")
 
 
 def _names(name: str, raw: str) -> frozenset[str]:

@@ -90,6 +90,7 @@ class SparrowSpeculator(DraftModelSpeculator):
         gone = [r for r in drafter.tracked() if r not in live]
         if gone:
             drafter.release(gone)
+            self.layouts.drop(gone)  # recorded again if it comes back (RequestState.add_request)
 
     def on_requests_finished(self, finished_req_ids: set[str]) -> None:
         self.served.drafter.release(finished_req_ids)
@@ -99,7 +100,7 @@ class SparrowSpeculator(DraftModelSpeculator):
     def reset_state(self) -> None:
         drafter = self.served.drafter
         drafter.release(drafter.tracked())
-        self.layouts.drop(list(self.layouts.by_request))
+        self.layouts.by_request.clear()
 
     # ---- one step ---------------------------------------------------------------------------------
     def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states,

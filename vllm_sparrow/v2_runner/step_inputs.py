@@ -31,16 +31,13 @@ class PromptLayout:
 
     starts: np.ndarray  # [R] int64
     ends: np.ndarray  # [R] int64
+    visual: int  # placeholders in the whole prompt
 
     @classmethod
     def of(cls, prompt: np.ndarray, visual_ids: np.ndarray) -> PromptLayout:
         visual = np.isin(prompt, visual_ids).astype(np.int8)  # [P]
         edges = np.diff(np.concatenate([[0], visual, [0]]))  # +1 where a run starts, -1 past its end
-        return cls(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1))
-
-    @property
-    def visual(self) -> int:
-        return int((self.ends - self.starts).sum())
+        return cls(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1), int(visual.sum()))
 
     def visual_in(self, lo: int, hi: int) -> int:
         """Visual placeholders among positions [lo, hi)."""

@@ -1,4 +1,4 @@
-"""Adaptive length's chain (draft_step.StoppingChainDrafting) stops drafting once no request
+"""Adaptive length's chain (drafting/chain.py, StoppingChainDrafting) stops drafting once no request
 would verify more of it: what vLLM verifies is exactly what the full chain's cut leaves, at
 batch 1 and 16 and with requests that do not draft in the batch, and the forwards it skips are
 the ones past every request's cut. The engine-level check (greedy outputs unchanged, fewer
@@ -9,7 +9,8 @@ import torch
 from tiny_drafts import D, IO, greedy_sample, tiny_draft
 
 from vllm_sparrow.attention import TorchWindowAttention
-from vllm_sparrow.draft_step import ChainDrafting, StoppingChainDrafting, greedy, kept_drafts
+from vllm_sparrow.drafting.chain import ChainDrafting, StoppingChainDrafting, kept_drafts
+from vllm_sparrow.drafting.step import greedy
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch, sampled
 
 

@@ -26,7 +26,7 @@ def test_adaptive_length_steps_aside_under_async_scheduling_with_a_log_line():
     fixed-length drafts there, says so once, and keeps the threshold where async is off."""
     import logging
 
-    from vllm_sparrow.serving_draft import adaptive_length
+    from vllm_sparrow.drafting.choice import adaptive_length
 
     lines = []
     handler = logging.Handler()

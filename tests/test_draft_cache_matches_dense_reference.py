@@ -216,3 +216,33 @@ def test_visual_positions_never_enter_the_cache():
         drafter.step(batch, 3)
     entries = drafter.stats()["text_entries"]
     assert entries["v4"] == entries["v400"] == 6
+
+
+@pytest.mark.parametrize("resume", ["whole-sequence-prefill", "last-token-decode"])
+def test_a_tracked_request_whose_stream_start_moved_restarts_like_a_new_one(resume):
+    """vLLM 0.34 does not tell the speculator of preemption, so a preempted request comes back
+    to the drafter still holding its slot: its next step starts at another sequence index than
+    the one its slot has seen. The drafter then restarts the request's text stream at index 0
+    (what it drafts equals a dense recomputation over what it received since). Resumed from
+    scratch, the whole sequence arrives as a prompt (the packed commit); resumed from the prefix
+    cache, only its last token arrives, a decode row (the fixed-layout commit)."""
+    rnd = random.Random(11)
+    model, io = _model(2, 5), _IO()
+    drafter = SparrowDrafter(model, io, (VIS,), TorchWindowAttention(), torch.device("cpu"), torch.float32,
+                             max_requests=3, max_draft_tokens=K, max_text_tokens=256)
+    reqs = [_Request(f"r{i}", _prompt(rnd, 6 + 3 * i), rnd) for i in range(3)]
+    _run_steps(drafter, model, io, reqs, 24, rnd, [4, 8])
+    old = reqs[0]
+    assert len(old.seq) > len(old.prompt) + 2, "the request decoded before it was preempted"
+    slot = drafter.slot_of[old.rid]
+    again = _Request(old.rid, old.seq if resume == "whole-sequence-prefill" else old.prompt, rnd)
+    again.hidden = old.hidden  # the target recomputes the same states
+    if resume == "last-token-decode":  # everything before the last token is a prefix-cache hit
+        again.seq, again.next = old.seq[:-1], old.seq[-1]
+    paths = _count_paths(drafter)
+    # no release: the slot still holds the old stream, which the restart must not extend
+    _run_steps(drafter, model, io, [again], 1, rnd, [len(old.seq)])
+    assert paths["general" if resume == "whole-sequence-prefill" else "decode"] == 1, paths
+    _run_steps(drafter, model, io, [again] + reqs[1:], 6, rnd, [2, len(old.seq)])
+    assert drafter.slot_of[old.rid] == slot
+    assert drafter.stats()["text_entries"][old.rid] == len(again.stream)

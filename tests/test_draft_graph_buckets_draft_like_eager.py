@@ -1,4 +1,4 @@
-"""The decode step as CUDA graphs replay it (draft_graphs.py: static buffers, batches padded to
+"""The decode step as CUDA graphs replay it (drafting/graphs.py: static buffers, batches padded to
 a bucket with sink-slot requests, stale rows left from earlier steps) drafts exactly what the
 eager drafter drafts, and the engine stays lossless at batch 16 with prefills mixed in, on
 that path and on the eager one.
@@ -17,8 +17,9 @@ from vllm import SamplingParams
 
 from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.config import SparrowConfig
-from vllm_sparrow.draft_graphs import DecodeGraphs, GraphDrafting, default_buckets
-from vllm_sparrow.draft_step import ChainDrafting, greedy
+from vllm_sparrow.drafting.graphs import DecodeGraphs, GraphDrafting, default_buckets
+from vllm_sparrow.drafting.chain import ChainDrafting
+from vllm_sparrow.drafting.step import greedy
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
 from vllm_sparrow.model import SparrowDraftModel
 from engine_probe import drafter_inputs, record_drafter_inputs
@@ -169,7 +170,7 @@ def test_batch_16_with_prefills_mixed_in_is_lossless(batch16, path):
 def test_graph_mode_follows_vllm_switches_and_the_environment(monkeypatch):
     from types import SimpleNamespace
 
-    from vllm_sparrow.serving_draft import draft_graph_mode
+    from vllm_sparrow.drafting.choice import draft_graph_mode
 
     def cfg(eager=False, mode="FULL_AND_PIECEWISE", tp=1):
         return SimpleNamespace(model_config=SimpleNamespace(enforce_eager=eager),

@@ -55,8 +55,9 @@ def test_each_variable_is_read_where_the_table_says_and_every_name_used_is_in_th
     used, mentioned = set(), set()
     for path in _modules():
         text = path.read_text()
-        used |= {(path.name, n) for n in re.findall(r"envs\.(SPARROW_\w+)", text)}
-        used |= {(path.name, n) for n in re.findall(r"envs\.export\(\"(SPARROW_\w+)\"", text)}
+        where = path.relative_to(PACKAGE).as_posix()  # "drafting/choice.py"
+        used |= {(where, n) for n in re.findall(r"envs\.(SPARROW_\w+)", text)}
+        used |= {(where, n) for n in re.findall(r"envs\.export\(\"(SPARROW_\w+)\"", text)}
         mentioned |= set(re.findall(r"\bSPARROW_[A-Z0-9_]*[A-Z0-9]", text))
     assert used == declared
     assert mentioned <= set(envs.VARIABLES), mentioned - set(envs.VARIABLES)  # messages name real variables

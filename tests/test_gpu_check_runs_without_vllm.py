@@ -28,7 +28,7 @@ sys.argv = ["gpu_check"] + {argv!r}
 try:
     runpy.run_module("vllm_sparrow.gpu_check", run_name="__main__", alter_sys=True)
 finally:
-    leaked = [m for m in ("vllm_sparrow.proposer", "vllm_sparrow.patches") if m in sys.modules]
+    leaked = [m for m in ("vllm_sparrow.v1_runner.proposer", "vllm_sparrow.patches") if m in sys.modules]
     assert not leaked, leaked
 """
 
@@ -104,7 +104,7 @@ def test_a_graph_path_that_drafts_otherwise_fails_the_check(tmp_path):
     setup = """
 import vllm_sparrow.gpu_check.__main__ as m
 m.kernels_from_checkout()
-from vllm_sparrow.draft_graphs import DecodeGraphs
+from vllm_sparrow.drafting.graphs import DecodeGraphs
 real = DecodeGraphs.run
 DecodeGraphs.run = lambda self, batch, slots: (real(self, batch, slots) + 1) % 299
 """

@@ -1,5 +1,5 @@
 """The product's modules meet through public interfaces: no module of vllm_sparrow/ calls or
-imports another module's private names (`drafter._forward(` from tree_search.py was one; the
+imports another module's private names (`drafter._forward(` from the tree search was one; the
 CUDA-graph code called three of the drafter's), and the module-level imports have no cycle.
 Read from the source (ast), so a new shortcut fails here, not in review."""
 
@@ -89,4 +89,4 @@ def test_module_level_imports_have_no_cycle():
     for node in sorted(graph):
         if node not in state:
             visit(node, [node])
-    assert graph["vllm_sparrow.drafter"] >= {"vllm_sparrow.draft_step"}  # the reader resolves imports
+    assert graph["vllm_sparrow.drafter"] >= {"vllm_sparrow.drafting.step"}  # the reader resolves imports

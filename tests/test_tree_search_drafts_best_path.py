@@ -1,4 +1,4 @@
-"""Tree search inside the serving drafter (tree_search.py): it hands over the best path the
+"""Tree search inside the serving drafter (drafting/tree.py): it hands over the best path the
 replay's EAGLE-2 search finds (two implementations, one batched over requests with
 branch-private scratch, one per sample with dense attention), a one-branch search is exactly the
 greedy chain, and a reduced budget narrows only the deep levels. The engine-level checks
@@ -10,10 +10,12 @@ import torch
 from tiny_drafts import D, IO, greedy_sample, tiny_draft
 
 from vllm_sparrow.attention import TorchWindowAttention
-from vllm_sparrow.draft_step import ChainDrafting, greedy
+from vllm_sparrow.drafting.chain import ChainDrafting
+from vllm_sparrow.drafting.step import greedy
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
 from vllm_sparrow.training.tree_replay import _Keys, _search
-from vllm_sparrow.tree_search import TreeDrafting, TreeSpec, tree_spec
+from vllm_sparrow.drafting.choice import tree_spec
+from vllm_sparrow.drafting.tree import TreeDrafting, TreeSpec
 from vllm_sparrow.window import WindowSpec
 
 CUTS = (12, 20, 31)  # committed text entries of the three requests of one batch
@@ -75,7 +77,7 @@ def test_one_branch_search_is_the_greedy_chain():
 @torch.no_grad()
 def test_confidence_of_the_searched_path_is_its_draft_probability():
     model, io = tiny_draft(), IO()
-    searched = _batch_step(_drafter(model, io), greedy_sample(io), TreeDrafting(TreeSpec(topk=3, budget=6), True))
+    searched = _batch_step(_drafter(model, io), greedy_sample(io), TreeDrafting(TreeSpec(topk=3, budget=6), stop_confidence=0.5))
     ids, conf = searched.ids, searched.confidence  # [B, K]
     assert conf.shape == ids.shape and bool(((conf > 0) & (conf <= 1)).all())
     # Chains agree with the search on the first token (the root's argmax is its best child

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_sparrow import method_patches, patch_helper, patches, vllm_fixes, vllm_reads
+from vllm_sparrow import patch_helper, patches
+from vllm_sparrow.v1_runner import method_patches, vllm_fixes, vllm_reads
 from vllm_sparrow.patch_helper import Read
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "vllm-patches.md"

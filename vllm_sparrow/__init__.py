@@ -1,14 +1,14 @@
 """vllm-sparrow: Sparrow speculative decoding for video LLMs, as a vLLM plugin.
 
 The paper's parts live in separate places:
-  draft model and its text-only window cache:  model.py, window.py, attention.py, drafter.py,
-                                               tree_search.py (kernels: vllm_sparrow_kernels)
+  draft model and its text-only window cache:  model.py, window.py, attention.py, drafter.py
+                                               (kernels: vllm_sparrow_kernels)
+  drafting strategies (chain, tree, graphs):   drafting/
   training (capture, IVSB, MTP):               training/
   the vLLM glue:                               plugin.py (picks the glue per release);
                                                serving_draft.py, method_config.py (both runners);
-    V1 runner (0.32, 0.33)                     proposer.py, patches.py (the one table of vLLM
-                                               touches: method_patches.py, vllm_reads.py,
-                                               vllm_fixes.py, through patch_helper.py)
+                                               patches.py, patch_helper.py (vLLM touches, checked)
+    V1 runner (0.32, 0.33)                     v1_runner/
     V2 runner (0.34, experimental)             v2_runner/
 The demo kit (synthetic world, demo models, benchmark) is the separate package sparrow_world,
 which this one never imports. Importing this package touches neither vLLM nor CUDA.
@@ -17,7 +17,7 @@ which this one never imports. Importing this package touches neither vLLM nor CU
 __version__ = "0.1.0"
 # The vLLM releases the plugin serves on, by the model runner its glue is written for (plugin.py
 # picks the glue; on any other release it logs one line and steps aside):
-#   V1 runner (0.32, 0.33): patches.py's table adds the method (method_patches.py, proposer.py)
+#   V1 runner (0.32, 0.33): patches.py's table adds the method (v1_runner/)
 #   V2 runner (0.34): vLLM's registry of speculative methods (v2_runner/), nothing patched
 # Each is checked from its source by tools/vllm_source_check.py (tests/test_patch_targets_exist_in_
 # vllm_source.py); the CPU build is released for 0.32.0 only.

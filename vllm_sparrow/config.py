@@ -105,7 +105,7 @@ class SparrowConfig(LayerShape):
     # size, last, depth], ...] (`sparrow tune` writes it from costs measured in vLLM); served when
     # the user sets neither num_speculative_tokens nor a schedule. None: speculative_tokens always.
     depth_per_batch_size: list[list[int]] | None = None
-    # Tree search inside the draft (tree_search.py): score tree_topk children per node and keep
+    # Tree search inside the draft (drafting/tree.py): score tree_topk children per node and keep
     # the tree_topk best nodes per level while tree_budget nodes last, then hand vLLM the best
     # path (None: the greedy chain). SPARROW_TREE_TOPK / SPARROW_TREE_BUDGET override.
     tree_topk: int | None = None

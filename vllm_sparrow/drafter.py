@@ -1,7 +1,8 @@
 """Sparrow drafting: hidden-state reuse over a text-only, window-attended draft cache.
 
-Independent of vLLM: the glue (proposer.py) turns each engine step into a `StepBatch` and asks
-for K draft tokens per request.
+Independent of vLLM and of its runners: each runner's glue (v1_runner/proposer.py,
+v2_runner/speculator.py) turns an engine step into a `StepBatch` and asks for K draft tokens
+per request.
 
 Per request the drafter keeps a text stream. Entry j pairs the target's hidden state of the
 j-th text token with the embedding of the text token that follows it (EAGLE-style: "state at
@@ -28,7 +29,8 @@ import numpy as np
 import torch
 
 from .attention import WindowAttentionBackend
-from .draft_step import ChainDrafting, Committed, Drafts, DraftingStrategy, Proposal, Sampler, StepBatch, greedy
+from .drafting.chain import ChainDrafting
+from .drafting.step import Committed, Drafts, DraftingStrategy, Proposal, Sampler, StepBatch, greedy
 from .model import SparrowDraftModel, TokenIO
 from .serving_layer import SparrowServingLayer
 from .window import PackedRows, TextWindowCache, WindowBatch, WindowSpec
@@ -150,7 +152,7 @@ class SparrowDrafter:
     def step(self, batch: StepBatch, num_draft: int, sample: Sampler = greedy,
              drafting: DraftingStrategy = CHAIN) -> Drafts:
         """Commit this step's target states, then draft `num_draft` tokens per request the way
-        `drafting` does (draft_step.py; by default the greedy or sampled chain): ids [B, num_draft]
+        `drafting` does (drafting/; by default the greedy or sampled chain): ids [B, num_draft]
         (zeros for requests still in their prompt), and with a probabilistic `sample` the draft
         probabilities [B, num_draft, vocab]."""
         return drafting.step(self, batch, num_draft, sample)
@@ -223,7 +225,7 @@ class SparrowDrafter:
 
     def commit_rows(self, slots, hid, tok, nv, seq_start, next_token, rows: int | None = None) -> Committed:
         """The decode commit on a laid-out batch: fixed shapes for a given (B, L), no host read
-        (what a CUDA graph captures, draft_graphs.py).
+        (what a CUDA graph captures, drafting/graphs.py).
 
         slots [B]; hid [B * L, H]; tok [B, L]; nv [B] accepted rows (>= 1: the last sampled
         token's row); seq_start [B]; next_token [B].
@@ -359,7 +361,7 @@ class SparrowDrafter:
         self.state[slots] = torch.stack([c_new, batch.seq_start + batch.num_valid, keep_pending.long()], 1)
         return Committed(y_last, slots, c_new, nt & (count > 0), ctx, rows)
 
-    # ---- what drafting strategies draft through (draft_step.py) -----------------------
+    # ---- what drafting strategies draft through (drafting/step.py) --------------------
     def forward(self, hidden, tokens, wb: WindowBatch, attention) -> torch.Tensor:
         """One draft forward over a [B, L] layout; returns [B * L, hidden].
         attention(q [B, L, heads, D], k, v [B, L, kv_heads, D]) -> [B, L, heads, D]."""

@@ -41,7 +41,7 @@ class Variable:
     values: str  # what it accepts (docs)
     unset: str  # what happens when it is not set (docs)
     help: str  # what it does (docs)
-    read_in: tuple[str, ...]  # the modules that read it (files under vllm_sparrow/; a test checks)
+    read_in: tuple[str, ...]  # the modules that read it (paths under vllm_sparrow/; a test checks)
 
 
 # ---- parsers: (name, raw) -> value -------------------------------------------------------------
@@ -110,21 +110,21 @@ VARIABLES: dict[str, Variable] = {
         _probability_or_off, None, "a probability in (0, 1), or `off`",
         "the draft's `stop_confidence` (config.json; off if absent)",
         "adaptive length: each request's chain stops where the product of its drafted tokens' draft "
-        "probabilities falls below it (greedy drafting; CUDA graphs off then)", ("serving_draft.py",)),
+        "probabilities falls below it (greedy drafting; CUDA graphs off then)", ("drafting/choice.py",)),
     "SPARROW_TREE_TOPK": Variable(
         _whole_or_off, None, "a whole number >= 1, or `off`", "the draft's `tree_topk` (off if absent)",
         "tree search inside the draft: children scored per node and nodes kept per level (1 or `off`: "
-        "the greedy chain)", ("tree_search.py",)),
+        "the greedy chain)", ("drafting/choice.py",)),
     "SPARROW_TREE_BUDGET": Variable(
         _whole_or_off, None, "a whole number >= the tree's topk, or `off`",
         "the draft's `tree_budget` (if absent, as `off`)",
         "nodes the tree search may expand per request and step; `off`: topk nodes at every level",
-        ("tree_search.py",)),
+        ("drafting/choice.py",)),
     "SPARROW_DRAFT_GRAPHS": Variable(
         _choice("off", "eager"), None, "`off`, `eager`",
         "follow vLLM's switches (`enforce_eager`, `cudagraph_mode`, tensor parallelism)",
         "CUDA graphs of the decode draft step: `off` turns them off alone; `eager` runs the same "
-        "static-buffer step without capture, on any device (tests)", ("serving_draft.py",)),
+        "static-buffer step without capture, on any device (tests)", ("drafting/choice.py",)),
     "SPARROW_ATTENTION_BACKEND": Variable(
         _choice("torch", "triton"), None, "`torch`, `triton`", "`triton` on CUDA, `torch` elsewhere",
         "the draft's window attention; `triton` off CUDA only under `TRITON_INTERPRET=1` (tests)",

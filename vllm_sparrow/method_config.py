@@ -1,7 +1,7 @@
 """What `method: "sparrow"` asks of vLLM's SpeculativeConfig, on every model runner.
 
 Both glues call `prepare(spec)` while vLLM builds its SpeculativeConfig (V1: the patched
-`__post_init__`, method_patches.py; V2: the registered config's `configure`,
+`__post_init__`, v1_runner/method_patches.py; V2: the registered config's `configure`,
 v2_runner/method.py): the draft is validated against the target with messages that say what to
 do, pipeline parallelism is refused, and a depth the user did not give is the draft's own (with
 its per-batch-size schedule, `sparrow tune`). Reads only fields both vLLM releases define.

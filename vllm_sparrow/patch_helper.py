@@ -6,8 +6,8 @@ nothing and names an internal of vLLM that Sparrow reads, or a method it overrid
 A row applies on every supported vLLM version unless it names its versions (`for_version`).
 `replace_attr` and `set_entry` check that a patch touches the attribute its row declares and that
 no other patch holds that attribute, and record the original so `revert_patches` can undo it.
-The rows are declared beside the code they serve (method_patches.py, vllm_reads.py,
-vllm_fixes.py); patches.py joins them into the table, fills DECLARED and applies them. This
+The rows are declared beside the code they serve (v1_runner/method_patches.py,
+vllm_reads.py, vllm_fixes.py; v2_runner/vllm_reads.py); patches.py joins them into the table, fills DECLARED and applies them. This
 module imports nothing from vLLM or from the rest of the package.
 """
 

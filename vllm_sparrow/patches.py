@@ -1,7 +1,8 @@
 """Every touch of vLLM internals, in one place: one declared table, checked and applied once per
 process.
 
-`PATCHES` is the single table, joined from the rows each module declares beside its code:
+`PATCHES` is the V1 runner's table (vLLM 0.32 and 0.33), joined from the rows each module of its
+glue (v1_runner/) declares beside its code:
   method_patches.py  the Sparrow method's patches (the method "sparrow" in vLLM's config, its
                      proposer, the release of finished requests, its checkpoints); required
   vllm_reads.py      internals the method's modules read (or override in SparrowProposer)
@@ -10,11 +11,13 @@ process.
                      turns off
 A row is a patch (patch_helper.Declared, kind "replaces") or a read (patch_helper.Read, kind
 "reads", which replaces nothing). `apply_patches()` checks the vLLM version (one of
-SUPPORTED_VLLM_VERSIONS), then that every read of this platform and version is present on the installed vLLM (a required one missing: nothing is applied,
-as on another version), then applies the patches; the replacement helper checks that each
+SUPPORTED_VLLM_VERSIONS), then that every read of this platform and version is present on the
+installed vLLM (a required one missing: nothing is applied, as on another version), then applies the patches; the replacement helper checks that each
 touches the attribute its row declares and that no other patch holds that attribute. The docs'
 list is printed from the table (`python -m vllm_sparrow.patches`, docs/vllm-patches.md), and
 tools/vllm_source_check.py finds every row in a vLLM release's source without installing it.
+The V2 runner's glue (v2_runner/, vLLM 0.34) patches nothing: its reads (v2_runner/vllm_reads.py)
+are checked by the same helpers before it registers, and listed beside this table.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import inspect
 import types
 from typing import Any
 
-from . import SUPPORTED_VLLM_VERSIONS, V1_RUNNER_VERSIONS, envs, method_patches, vllm_fixes, vllm_reads
+from . import SUPPORTED_VLLM_VERSIONS, V1_RUNNER_VERSIONS, envs
+from .v1_runner import method_patches, vllm_fixes, vllm_reads
 from .patch_helper import (APPLIED, CHECKS, DECLARED, Declared, Patch, Read, for_version, parameter_names,
                            revert_patches)
 
@@ -41,14 +45,13 @@ DECLARED.update((row.name, row) for row in PATCHES)
 
 # The modules of each runner's glue (the rest of the package is shared): what the source check
 # reads for a release is the shared modules' imports of vLLM and its own glue's.
-V1_GLUE = ("vllm_sparrow/method_patches.py", "vllm_sparrow/proposer.py", "vllm_sparrow/vllm_reads.py",
-           "vllm_sparrow/vllm_fixes.py")
+V1_GLUE = ("vllm_sparrow/v1_runner/",)
 V2_GLUE = ("vllm_sparrow/v2_runner/",)
 
 
 def glue_of(path: str) -> str | None:
     """"v1", "v2" or None (shared) for a file of the package, as a path from the repository root."""
-    if path in V1_GLUE:
+    if path.startswith(V1_GLUE):
         return "v1"
     return "v2" if path.startswith(V2_GLUE) else None
 

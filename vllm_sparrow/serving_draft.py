@@ -5,8 +5,8 @@ runner's proposer in load_model, proposer.py; the V2 runner's speculator, v2_run
 loaded from its directory, its text-only window cache sized by max_num_seqs (refused with a
 message when it cannot fit), its token I/O (its own embedding and LM head, else the target's, on
 its reduced vocabulary where it ships one), the drafter, and the drafting strategy chosen once
-(drafting.py) from the knobs read here: adaptive length's threshold, the decode step's CUDA-graph
-mode. Reads of vLLM are of VllmConfig fields both runners' releases define.
+(drafting/choice.py, which reads its own inputs). Reads of vLLM are of VllmConfig fields both
+runners' releases define.
 """
 
 from __future__ import annotations
@@ -20,15 +20,13 @@ import torch
 from . import envs
 from .attention import select_backend
 from .checkpoint import load_draft
-from .draft_graphs import GraphDrafting, default_buckets
-from .draft_step import DraftingStrategy
 from .draft_vocab import SubsetLogits, load_vocab
 from .drafter import SparrowDrafter
-from .drafting import choose_drafting
+from .drafting.choice import DraftingChoice, choose_drafting
+from .drafting.step import DraftingStrategy
 from .host_memory import DEFAULT_INTERVAL_S
 from .model import OwnTokenIO, SparrowDraftModel
 from .targets import target_spec
-from .tree_search import TreeDrafting, tree_spec
 from .window import TextWindowCache, WindowSpec
 
 
@@ -44,7 +42,6 @@ class ServingDraft:
     model: SparrowDraftModel  # kept off a glue's `.model`: vLLM's runners wrap that one
     drafter: SparrowDrafter
     drafting: DraftingStrategy
-    stop_confidence: float | None  # adaptive length's threshold as served (None: off)
     visual_ids: np.ndarray  # [V] int64 the target's visual placeholder token ids
 
 
@@ -64,23 +61,19 @@ def load_serving_draft(vllm_config, draft_dir: str, target_model: torch.nn.Modul
     io = token_io(vllm_config, model, target_model, draft_dir)
     drafter = SparrowDrafter(model, io, target.visual_token_ids, backend, device, dtype, max_requests=max_seqs,
                              max_draft_tokens=num_draft, max_text_tokens=max_model_len)
-    threshold = adaptive_length(stop_confidence(cfg), vllm_config.scheduler_config.async_scheduling,
-                                per_request_lengths)
-    drafting = choose_drafting(drafter, num_draft, tree_spec(cfg, num_draft), threshold,
-                               draft_graph_mode(vllm_config, device), default_buckets(max_seqs))
-    graphs = drafting.graphs if isinstance(drafting, GraphDrafting) else None
+    choice = DraftingChoice.for_engine(vllm_config, cfg, device, num_draft, per_request_lengths)
+    drafting = choose_drafting(drafter, num_draft, choice)
+    what = drafting.describe()
     logger.info(
-        "Sparrow draft %s loaded: drafting %d tokens per step, %s-token draft vocabulary, %s, decode steps %s; "
+        "Sparrow draft %s loaded: drafting %d tokens per step, %s-token draft vocabulary, %s%s, decode steps %s; "
         "text-only window cache (anchors=%d, window=%s) of %d slots x %d rows = %.1f MiB, attention backend %s, "
         "visual token ids %s skipped",
         draft_dir, num_draft, "full" if drafter.vocab_ids is None else drafter.vocab_ids.numel(),
-        f"tree search {drafting.spec}" if isinstance(drafting, TreeDrafting) else drafting.name,
-        "eager" if graphs is None else ("in CUDA graphs" if graphs.capture_enabled else "on static buffers"),
-        cfg.anchor_tokens, cfg.window_tokens, max_seqs, drafter.cache.capacity,
+        what["drafting"], "" if what["tree"] is None else f" (topk {what['tree'][0]}, budget {what['tree'][1]})",
+        what["decode_steps"], cfg.anchor_tokens, cfg.window_tokens, max_seqs, drafter.cache.capacity,
         drafter.cache.nbytes / 2**20, backend.name, list(target.visual_token_ids),
     )
-    return ServingDraft(model, drafter, drafting, threshold,
-                        np.asarray(target.visual_token_ids, dtype=np.int64))
+    return ServingDraft(model, drafter, drafting, np.asarray(target.visual_token_ids, dtype=np.int64))
 
 
 def token_io(vllm_config, model: SparrowDraftModel, target_model: torch.nn.Module, draft_dir: str):
@@ -143,15 +136,6 @@ def _plain_target_head(target_model, tp: int):
     return weight, ""
 
 
-def stop_confidence(cfg) -> float | None:
-    """The adaptive-length threshold: SPARROW_STOP_CONFIDENCE (a number, or "off"), else the
-    draft config's stop_confidence."""
-    env = envs.SPARROW_STOP_CONFIDENCE  # None (unset), "off" or a probability
-    if env is None:
-        return cfg.stop_confidence
-    return None if env == "off" else env
-
-
 def host_memory_interval() -> float | None:
     """Seconds between releases of the allocator's free pages at the most (host_memory.py):
     SPARROW_HOST_MEMORY_RELEASE, a number or "off" (None: never), else DEFAULT_INTERVAL_S."""
@@ -159,46 +143,6 @@ def host_memory_interval() -> float | None:
     if env is None:
         return DEFAULT_INTERVAL_S
     return None if env == "off" else env
-
-
-def adaptive_length(threshold: float | None, async_scheduling: bool | None,
-                    per_request_lengths: bool = True) -> float | None:
-    """The stop_confidence to serve with: adaptive length hands vLLM a draft length per request
-    (a list of lists), which vLLM's async scheduling cannot take (its runner asserts a [B, K]
-    tensor), so under async scheduling it is off, said once in the log, and never an assert."""
-    if threshold is not None and not per_request_lengths:
-        logger.warning("Sparrow: adaptive length (stop_confidence %s) is off: vLLM's Model Runner V2 verifies "
-                       "the same number of drafts for every request of a step (a shorter chain would have to be "
-                       "padded with tokens the target then checks). Drafting K tokens per request.", threshold)
-        return None
-    if threshold is None or not async_scheduling:
-        return threshold
-    logger.warning("Sparrow: adaptive length (stop_confidence %s) is off because async scheduling is on: "
-                   "it gives each request its own draft length, which async scheduling cannot verify. "
-                   "Drafting K tokens per request. Start the engine with --no-async-scheduling to use it.",
-                   threshold)
-    return None
-
-
-def draft_graph_mode(vllm_config, device) -> str | None:
-    """How decode steps run: "capture" (CUDA graphs, captured with vLLM's), "eager" (the same
-    static-buffer step without capture: tests), or None (plain eager).
-
-    Graphs follow vLLM's own switches (enforce_eager, cudagraph_mode); SPARROW_DRAFT_GRAPHS=off
-    turns them off, =eager selects the static-buffer path on any device."""
-    env = envs.SPARROW_DRAFT_GRAPHS  # None (unset), "off" or "eager"
-    if env is not None:
-        return None if env == "off" else "eager"
-    spec = vllm_config.speculative_config
-    mode = getattr(vllm_config.compilation_config, "cudagraph_mode", None)
-    if (torch.device(device).type != "cuda" or vllm_config.model_config.enforce_eager
-            or getattr(spec, "enforce_eager", False) or mode is None or mode.name == "NONE"):
-        return None
-    if vllm_config.parallel_config.tensor_parallel_size > 1:
-        logger.info("Sparrow: decode steps run eagerly with tensor parallelism (the LM head's "
-                    "gather across ranks is not captured)")
-        return None
-    return "capture"
 
 
 def check_cache_budget(need: int, device: torch.device, max_seqs: int, window: int | None) -> None:

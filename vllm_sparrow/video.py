@@ -222,7 +222,7 @@ def decode_video_bytes(
 
     Returns (frames (T, H, W, 3) uint8, (total, fps, duration), wanted, decoded indices);
     errors are ``VideoDecodeError`` with ``name`` in the message. vLLM's pyav codec
-    (vllm_fixes.py) uses this for video URLs and data: URLs.
+    (v1_runner/vllm_fixes.py) uses this for video URLs and data: URLs.
     """
     import io
 

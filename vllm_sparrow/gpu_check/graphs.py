@@ -18,8 +18,9 @@ from __future__ import annotations
 import torch
 
 from ..attention import select_backend
-from ..draft_graphs import DecodeGraphs, GraphDrafting
-from ..draft_step import ChainDrafting, greedy
+from ..drafting.chain import ChainDrafting
+from ..drafting.graphs import DecodeGraphs, GraphDrafting
+from ..drafting.step import greedy
 from .shapes import CheckShapes
 from .workload import RandomTokenIO, Requests, make_drafter, random_draft
 

@@ -16,7 +16,7 @@ import torch
 
 from ..attention import WindowAttentionBackend
 from ..config import SparrowConfig
-from ..draft_step import StepBatch
+from ..drafting.step import StepBatch
 from ..drafter import SparrowDrafter
 from ..model import SparrowDraftModel, seeded_draft
 from .shapes import CheckShapes

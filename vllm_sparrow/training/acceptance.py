@@ -19,7 +19,7 @@ import torch
 
 from ..attention import TorchWindowAttention
 from ..knobs import knob
-from ..draft_step import ChainDrafting
+from ..drafting.chain import ChainDrafting
 from ..drafter import SparrowDrafter, StepBatch
 from ..model import OwnTokenIO, SparrowDraftModel
 

@@ -29,7 +29,6 @@ import torch
 from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
 
 from .. import envs
-from ..draft_graphs import GraphDrafting
 from ..drafter import GREEDY_TEMPERATURE, greedy, sampled
 from ..host_memory import HostMemoryReturner
 from ..serving_draft import ServingDraft, host_memory_interval, load_serving_draft
@@ -74,11 +73,10 @@ class SparrowSpeculator(DraftModelSpeculator):
         return self.served.model
 
     def init_cudagraph_manager(self, cudagraph_mode) -> None:
-        pass  # the decode step's graphs are the drafter's own (draft_graphs.py), captured in capture()
+        pass  # the decode step's graphs are the drafter's own (drafting/graphs.py), captured in capture()
 
     def capture(self) -> None:
-        if isinstance(self.served.drafting, GraphDrafting):
-            self.served.drafting.graphs.capture()
+        self.served.drafting.capture()
 
     # ---- requests ---------------------------------------------------------------------------------
     def add_request(self, req_index: int) -> None:  # req_index: the newcomer's slot (its layout is recorded)

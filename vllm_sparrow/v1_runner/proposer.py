@@ -18,12 +18,10 @@ import numpy as np
 import torch
 from vllm.v1.spec_decode.eagle import EagleProposer
 
-from .draft_graphs import GraphDrafting
-from .draft_step import Drafts, DraftingStrategy, kept_drafts
-from .drafter import Sampler, SparrowDrafter, StepBatch, greedy, sampled
-from .host_memory import HostMemoryReturner
-from .serving_draft import host_memory_interval, load_serving_draft
-from .tree_search import TreeDrafting
+from ..drafter import Sampler, SparrowDrafter, sampled
+from ..drafting.step import DraftingStrategy, StepBatch, greedy
+from ..host_memory import HostMemoryReturner
+from ..serving_draft import host_memory_interval, load_serving_draft
 
 
 class SparrowProposer(EagleProposer):
@@ -46,7 +44,7 @@ class SparrowProposer(EagleProposer):
         # Kept off `self.model`: the runner wraps a drafter's `.model` in CUDA-graph wrappers.
         self.sparrow_model = served.model
         self.sparrow_drafter, self.drafting = served.drafter, served.drafting
-        self.stop_confidence, self._visual_ids = served.stop_confidence, served.visual_ids
+        self._visual_ids = served.visual_ids
         self._visual_count: dict[str, int] = {}  # request id -> visual placeholders in its prompt
 
     def initialize_attn_backend(self, kv_cache_config, kernel_block_sizes=None) -> None:
@@ -56,7 +54,7 @@ class SparrowProposer(EagleProposer):
         self.draft_attn_groups = []
 
     def initialize_cudagraph_keys(self, cudagraph_mode) -> None:
-        pass  # vLLM's graph wrappers are not used: draft_graphs.py captures the decode step itself
+        pass  # vLLM's graph wrappers are not used: drafting/graphs.py captures the decode step itself
 
     def validate_same_kv_cache_group(self, kv_cache_config) -> None:
         pass
@@ -69,8 +67,7 @@ class SparrowProposer(EagleProposer):
         if self.sparrow_drafter is None:
             return
         if is_graph_capturing:
-            if isinstance(self.drafting, GraphDrafting):
-                self.drafting.graphs.capture()
+            self.drafting.capture()
             return
         max_seqs = self.vllm_config.scheduler_config.max_num_seqs
         rows = self.sparrow_drafter.profile_step(num_tokens, max_seqs, self.num_speculative_tokens)
@@ -85,14 +82,12 @@ class SparrowProposer(EagleProposer):
 
     def sparrow_stats(self) -> dict:
         """The drafter's accounting (SparrowDrafter.stats, with what this proposer holds per
-        request beside it in "held") and the drafting strategy: its name and, for tree search,
-        [topk, budget] (engine_stats.drafter_stats reads it)."""
-        tree = self.drafting.spec if isinstance(self.drafting, TreeDrafting) else None
+        request beside it in "held") and the drafting strategy as it describes itself (its name
+        and, for tree search, [topk, budget]; engine_stats.drafter_stats reads it)."""
         stats = self.sparrow_drafter.stats()
         stats["held"]["visual_counts"] = len(self._visual_count)  # live requests only: freed at release
         stats["host_memory"] = dataclasses.asdict(self.host_memory.stats)
-        return {**stats, "drafting": self.drafting.name,
-                "tree": None if tree is None else [tree.topk, tree.budget]}
+        return {**stats, **self.drafting.describe()}
 
     # ---- one step ------------------------------------------------------------------
     def propose(
@@ -118,14 +113,10 @@ class SparrowProposer(EagleProposer):
             batch, num_speculative_tokens, self._sampler(sampling_metadata), self.drafting
         )
         self._last_draft_probs = drafts.probs
-        if self.stop_confidence is not None and drafts.probs is None:
-            return self._trimmed(drafts)
-        return drafts.ids
-
-    def _trimmed(self, drafts: Drafts) -> list[list[int]]:
-        """Adaptive length: vLLM's scheduler schedules exactly each request's kept drafts to
-        verify. Reads the drafts back to the host (vLLM's non-async path does that anyway)."""
-        return kept_drafts(drafts, self.stop_confidence)
+        # Adaptive length: vLLM's scheduler schedules exactly each request's kept drafts to verify
+        # (read back to the host, as vLLM's non-async path does anyway).
+        kept = self.drafting.per_request(drafts)
+        return drafts.ids if kept is None else kept
 
     def _step_batch(self, token_ids, hidden, next_token_ids, cm, num_rejected) -> StepBatch:
         """The engine step as the drafter sees it, without reading anything back from the

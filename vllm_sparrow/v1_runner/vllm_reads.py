@@ -12,7 +12,7 @@ and the LLM class's documented methods are its public interface and are not list
 
 from __future__ import annotations
 
-from .patch_helper import Read
+from ..patch_helper import Read
 
 _RUNNER = "vllm.v1.worker.gpu_model_runner.GPUModelRunner"
 _BATCH = "vllm.v1.worker.gpu_input_batch.InputBatch"
@@ -20,7 +20,7 @@ _ATTN = "vllm.v1.attention.backend.CommonAttentionMetadata"
 _SAMPLING = "vllm.v1.sample.metadata.SamplingMetadata"
 _EAGLE = "vllm.v1.spec_decode.eagle.EagleProposer"  # its instance attributes are set by SpecDecodeBaseProposer
 _OPS = "vllm._custom_ops"
-_PROPOSER = "proposer.py"
+_PROPOSER = "v1_runner/proposer.py"
 _SERVING = "serving_draft.py"
 _CAPTURE = "training/capture_worker.py"
 
@@ -76,7 +76,7 @@ ROWS: tuple[Read, ...] = (
     # proposer.py: the methods the runner calls, overridden
     _overridden("load_model", "loads the Sparrow draft and allocates its text-only window cache"),
     _overridden("initialize_attn_backend", "no vLLM attention backend for the draft"),
-    _overridden("initialize_cudagraph_keys", "no vLLM graph wrappers: draft_graphs.py captures the step"),
+    _overridden("initialize_cudagraph_keys", "no vLLM graph wrappers: drafting/graphs.py captures the step"),
     _overridden("validate_same_kv_cache_group", "no draft KV cache to validate"),
     _overridden("dummy_run", "profiles the draft's largest step; captures its graphs"),
     _overridden("propose", "one draft step: the runner's step in, draft token ids out"),

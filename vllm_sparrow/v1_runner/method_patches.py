@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
-from .patch_helper import Declared, Read, dotted_path, record, replace_attr, set_entry
+from ..patch_helper import Declared, Read, dotted_path, record, replace_attr, set_entry
 
 METHOD = "sparrow"
 
@@ -40,11 +40,11 @@ def _wrap_post_init(original: Callable) -> Callable:
     @functools.wraps(original)
     def __post_init__(self) -> None:
         if self.method != METHOD:
-            from .checkpoint import refuse_sparrow_draft_under
+            from ..checkpoint import refuse_sparrow_draft_under
 
             refuse_sparrow_draft_under(self.method, self.model)  # a Sparrow draft needs method sparrow
             return original(self)
-        from .method_config import prepare
+        from ..method_config import prepare
 
         _refuse_model_runner_v2()
         prepare(self)  # the draft validated against the target, its depth filled in
@@ -65,7 +65,7 @@ def _refuse_model_runner_v2() -> None:
     Sparrow draft, which cannot load it (docs/model-runner-v2.md)."""
     from vllm import envs
 
-    from .config import DraftConfigError
+    from ..config import DraftConfigError
 
     if envs.VLLM_USE_V2_MODEL_RUNNER:
         raise DraftConfigError("the sparrow method runs on vLLM's V1 model runner, but VLLM_USE_V2_MODEL_RUNNER=1 "
@@ -160,7 +160,7 @@ def _register_speculators_algo() -> None:
 def _register_draft_architecture() -> None:
     from vllm import ModelRegistry
 
-    from .config import DRAFT_ARCHITECTURE
+    from ..config import DRAFT_ARCHITECTURE
 
     if DRAFT_ARCHITECTURE in ModelRegistry.get_supported_archs():
         raise RuntimeError(f"vllm-sparrow: architecture {DRAFT_ARCHITECTURE} registered twice")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
-from .patch_helper import Declared, Read, replace_attr, set_entry
+from ..patch_helper import Declared, Read, replace_attr, set_entry
 
 
 # ---- CPU build --------------------------------------------------------------------------
@@ -104,7 +104,7 @@ def _register_pyav_video_codec() -> None:
     sys.modules[name] = module
     from dataclasses import asdict
 
-    from .video import DecodeLimits
+    from ..video import DecodeLimits
 
     # The backend's options (its limits), settable in --media-io-kwargs' "video" object.
     set_entry("pyav-video-codec", video_decoders._BACKEND_OPTION_DEFAULTS,
@@ -119,7 +119,7 @@ def decode_pyav(loader_cls, data: bytes, target, sampling_kwargs: dict, **limits
     """
     from vllm.multimodal.video_decoders import VideoSourceMetadata
 
-    from .video import DecodeLimits, decode_video_bytes
+    from ..video import DecodeLimits, decode_video_bytes
 
     chosen = {}
 

@@ -1,4 +1,4 @@
-"""The decode draft step as one CUDA graph per batch bucket (GraphDrafting, a drafting strategy).
+"""The decode draft step as one CUDA graph per batch bucket (GraphDrafting, a drafting strategy: drafting/step.py).
 
 A decode step (every request decoding: SparrowDrafter.commit_rows, then K greedy chained
 forwards) has fixed shapes for a batch size B and L = K + 1 and reads nothing back to the
@@ -14,7 +14,7 @@ of ~250 kernel launches. Per step the host only copies the inputs into static bu
 Rows past a request's accepted ones keep whatever an earlier step left there: finite values
 that are masked out (never keys, never written to a real slot, outputs discarded).
 
-Captured during vLLM's start-up capture (the proposer's dummy_run with is_graph_capturing),
+Captured during vLLM's start-up capture (the strategy's capture(), which each runner's glue calls then),
 largest bucket first so smaller ones share its memory pool. With `capture=False` the same
 static-buffer step runs eagerly, on any device: that is how CPU tests check the padding and
 buffer logic that the graphs replay.
@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .draft_step import ChainDrafting, Drafts, Sampler, StepBatch, greedy
-from .drafter import SparrowDrafter
+from ..drafter import SparrowDrafter
+from .chain import ChainDrafting
+from .step import Drafts, Plain, Sampler, StepBatch, greedy
 
 
 _CHAIN = ChainDrafting()  # the greedy chain the graphs capture
@@ -113,7 +114,7 @@ class DecodeGraphs:
 
 
 @dataclass
-class GraphDrafting:
+class GraphDrafting(Plain):
     """The greedy chain, its decode steps through DecodeGraphs (captured, or the same static
     buffers run eagerly); a step the graphs do not cover (prompt chunks, a sampled draft,
     another depth, a batch above the largest bucket) takes `fallback` (commit, then chain)."""
@@ -128,3 +129,10 @@ class GraphDrafting:
                 and g.bucket(len(batch.req_ids)) is not None):
             return Drafts(g.run(batch, drafter.slots_for(batch.req_ids)))
         return self.fallback.step(drafter, batch, num_draft, sample)
+
+    def capture(self) -> None:
+        self.graphs.capture()
+
+    def describe(self) -> dict:
+        steps = "in CUDA graphs" if self.graphs.capture_enabled else "on static buffers"
+        return {"drafting": self.name, "tree": None, "decode_steps": steps}

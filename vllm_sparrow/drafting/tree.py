@@ -1,6 +1,6 @@
 """Tree search inside the draft (EAGLE-2 style), handing vLLM its best chain.
 
-vLLM 0.32 verifies chains only, so the search's product is one chain per request: the path of
+vLLM verifies chains only, so the search's product is one chain per request: the path of
 depth K with the highest cumulative draft log-probability among the nodes it expanded. With
 greedy drafting that chain is a deterministic function of the context, which vLLM's rejection
 sampler verifies losslessly at any temperature (a point-mass draft), exactly as it verifies
@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 from vllm_sparrow_kernels.window_attention_ref import key_visible, ring_stored_index
 
-from . import envs
-from .draft_step import ChainDrafting, Committed, DraftCore, Drafts, Sampler, StepBatch, greedy
-from .window import WindowBatch
+from ..window import WindowBatch
+from .chain import ChainDrafting, kept_drafts
+from .step import Committed, DraftCore, Drafts, Plain, Sampler, StepBatch, greedy
 
 
 @dataclass(frozen=True)
@@ -47,45 +47,33 @@ class TreeSpec:
         return [self.topk] * wide + [1] * (num_draft - 1 - wide)
 
 
-def tree_spec(cfg, num_draft: int) -> TreeSpec | None:
-    """The draft's tree search: SPARROW_TREE_TOPK / SPARROW_TREE_BUDGET (numbers, or "off"),
-    else the draft config's tree_topk / tree_budget. None (or topk 1): today's greedy chain."""
-    topk = _override(envs.SPARROW_TREE_TOPK, cfg.tree_topk)
-    if topk is None or topk <= 1:
-        return None
-    budget = _override(envs.SPARROW_TREE_BUDGET, cfg.tree_budget)  # read only with the tree on, as before
-    if budget is None:
-        budget = topk * max(num_draft - 1, 1)
-    if budget < topk:
-        raise ValueError(f"tree_budget={budget} is below tree_topk={topk}: the search expands "
-                         f"tree_topk nodes per level, so give it at least {topk} (or turn the tree off)")
-    return TreeSpec(topk, budget)
-
-
 @dataclass(frozen=True)
-class TreeDrafting:
-    """A drafting strategy (draft_step.py): greedy steps draft the best path of the search; a
+class TreeDrafting(Plain):
+    """A drafting strategy (drafting/step.py): greedy steps draft the best path of the search; a
     sampled draft keeps the sampled chain (a searched path is not a draw from the draft's q)."""
 
     spec: TreeSpec
-    confidence: bool = False  # keep each drafted token's draft probability (adaptive length)
+    stop_confidence: float | None = None  # adaptive length's threshold: keep each token's confidence, cut there
     name: str = "tree search"
 
     def step(self, drafter: DraftCore, batch: StepBatch, num_draft: int, sample: Sampler = greedy) -> Drafts:
         return self.draft(drafter, drafter.commit(batch, num_draft), num_draft, sample)
 
     def draft(self, drafter: DraftCore, c: Committed, num_draft: int, sample: Sampler = greedy) -> Drafts:
+        confidence = self.stop_confidence is not None
         if sample is not greedy:
-            return ChainDrafting(self.confidence).draft(drafter, c, num_draft, sample)
+            return ChainDrafting(confidence).draft(drafter, c, num_draft, sample)
         ids, conf = search_chain(drafter, self.spec, c, num_draft)
-        return Drafts(ids, None, conf if self.confidence else None)
+        return Drafts(ids, None, conf if confidence else None)
 
+    def per_request(self, drafts: Drafts) -> list[list[int]] | None:
+        if self.stop_confidence is None or drafts.probs is not None:
+            return None
+        return kept_drafts(drafts, self.stop_confidence)
 
-def _override(env: int | str | None, configured: int | None) -> int | None:
-    """An environment override of a config value: unset (None) keeps the config's, "off" is None."""
-    if env is None:
-        return configured
-    return None if env == "off" else env
+    def describe(self) -> dict:
+        return {"drafting": self.name, "tree": [self.spec.topk, self.spec.budget],
+                "decode_steps": "eager"}
 
 
 class BranchKeys:

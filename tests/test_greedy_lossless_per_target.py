@@ -8,11 +8,8 @@ than draft slots pass through (slots are reused). vLLM's spec-decode counters ag
 outputs, acceptance stays at its measured level, and the draft cache holds exactly the text
 positions (counted from the prompt's own placeholder tokens, no target exempted)."""
 
-import math
-
-import numpy as np
 import pytest
-from conftest import TRAINED_TEXTS, close_llm, make_llm
+from conftest import close_llm, make_llm
 from vllm import SamplingParams
 
 from dense_reference import StreamReplay, check_engine_drafts, placeholder_ids
@@ -23,53 +20,7 @@ from engine_probe import (
     spec_counters,
     text_entries_by_request,
 )
-from sparrow_world.tiny_targets import make_prompt
-
-K = 3
-MAX_TOKENS = 40
-GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-# (long, short) video frame counts per target; None: a text-only target.
-FRAMES = {"qwen2_5_vl": (64, 4), "qwen2_vl": (64, 4), "qwen3_vl": (64, 4),
-          "llava_onevision": (32, 4), "llama": None}
-QUESTION = "describe the video"
-# Longer than the draft's window (64 text tokens): the window slides inside the prompt itself.
-LONG_TEXT = " ".join(f"then the {c} {s} moves {d}" for c, s, d in zip(
-    ["red", "blue", "green", "yellow", "white"] * 5, ["square", "circle", "star", "line", "dot"] * 5,
-    ["left", "right", "up", "down", "round"] * 5))
-MORE_TEXTS = ["a green triangle turns around", "what happens after the red square", "the yellow dot stops"]
-# The squeezed sparrow engine: 600 tokens a step on vision targets (the long videos' 512 visual
-# tokens fit one step; their prompts and the rest are chunked), 96 on text ones, 4 draft slots for
-# 6-9 requests, and a KV cache that holds the longest request with little to spare (preemptions).
-SEQS, BLOCK = 4, 32
-# Accepted draft tokens measured on each target's batch (2026-12-01); a broken draft falls far below.
-ACCEPTED = {"qwen2_5_vl": 63, "qwen2_vl": 58, "qwen3_vl": 67, "llava_onevision": 62, "llama": 60}
-
-
-def _requests(kind, target, clips):
-    texts = [{"prompt": make_prompt(kind, target, t, None)} for t in [*TRAINED_TEXTS, LONG_TEXT, *MORE_TEXTS]]
-    if FRAMES[kind] is None:
-        return texts
-    long_f, short_f = FRAMES[kind]
-    rng = np.random.default_rng(0)
-    image = rng.integers(0, 255, (112, 112, 3), dtype=np.uint8)
-    from PIL import Image
-
-    reqs = [
-        {"prompt": make_prompt(kind, target, QUESTION, "video"), "multi_modal_data": {"video": clips(long_f)}},
-        {"prompt": make_prompt(kind, target, QUESTION, "video"), "multi_modal_data": {"video": clips(short_f)}},
-        {"prompt": make_prompt(kind, target, "what is in the picture", "image"),
-         "multi_modal_data": {"image": Image.fromarray(image)}},
-    ]
-    return reqs + texts
-
-
-def _squeezed(kind, outputs) -> dict:
-    """Engine settings under which the longest request fits with two blocks to spare."""
-    longest = max(len(o.prompt_token_ids) + MAX_TOKENS + K for o in outputs)
-    blocks = math.ceil(longest / BLOCK) + 2
-    budget = 600 if FRAMES[kind] else 96
-    return dict(max_num_seqs=SEQS, max_num_batched_tokens=budget, block_size=BLOCK,
-                num_gpu_blocks_override=blocks + 1, max_model_len=blocks * BLOCK)  # (+ vLLM's null block)
+from lossless_batch import ACCEPTED, FRAMES, GREEDY, K, SEQS, requests, squeezed
 
 
 @pytest.fixture(scope="module", params=sorted(FRAMES))
@@ -78,13 +29,13 @@ def case(request, target_dirs, trained_drafts, clips):
 
     kind = request.param
     target, draft = target_dirs(kind), trained_drafts(kind)
-    reqs = _requests(kind, target, clips)
+    reqs = requests(kind, target, clips)
     base = make_llm(target)  # the plain engine first: upstream needs that order in one process
     plain = base.generate(reqs, GREEDY)
     reference = [list(o.outputs[0].token_ids) for o in plain]
     close_llm(base)
     tree = _deep_tree_adaptive_outputs(target, draft, reqs)
-    llm = make_llm(target, disable_log_stats=False, **_squeezed(kind, plain),
+    llm = make_llm(target, disable_log_stats=False, **squeezed(kind, plain),
                    speculative_config={"method": "sparrow", "model": str(draft), "num_speculative_tokens": K})
     record_drafter_inputs(llm)
     outputs = llm.generate(reqs, GREEDY)

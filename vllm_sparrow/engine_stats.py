@@ -26,12 +26,14 @@ def spec_counters(llm) -> dict[str, Any]:
 
 
 def _drafter_stats(worker) -> dict:
-    proposer = getattr(worker.model_runner, "drafter", None)
-    stats = getattr(proposer, "sparrow_stats", None)
+    runner = worker.model_runner
+    # the V1 runner's proposer (vLLM 0.32, 0.33) or the V2 runner's speculator (0.34)
+    glue = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
+    stats = getattr(glue, "sparrow_stats", None)
     return stats() if stats is not None else {}
 
 
 def drafter_stats(llm) -> dict[str, Any]:
-    """SparrowProposer.sparrow_stats() of the (first) worker (the drafter's accounting and the
+    """sparrow_stats() of the (first) worker's Sparrow glue (the drafter's accounting and the
     drafting strategy), through LLM.collective_rpc; {} when the engine does not draft with sparrow."""
     return llm.collective_rpc(_drafter_stats)[0]

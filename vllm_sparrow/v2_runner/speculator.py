@@ -25,6 +25,8 @@ in vllm_reads.py, checked before the method registers.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
 
@@ -77,6 +79,15 @@ class SparrowSpeculator(DraftModelSpeculator):
 
     def capture(self) -> None:
         self.served.drafting.capture()
+
+    def sparrow_stats(self) -> dict:
+        """The drafter's accounting (SparrowDrafter.stats, with the prompt layouts this glue holds
+        beside it in "held") and the drafting strategy as it describes itself, as the V1 proposer
+        reports them (engine_stats.drafter_stats reads it)."""
+        stats = self.served.drafter.stats()
+        stats["held"]["prompt_layouts"] = len(self.layouts.by_request)  # live requests only
+        stats["host_memory"] = dataclasses.asdict(self.host_memory.stats)
+        return {**stats, **self.served.drafting.describe()}
 
     # ---- requests ---------------------------------------------------------------------------------
     def add_request(self, req_index: int) -> None:  # req_index: the newcomer's slot (its layout is recorded)

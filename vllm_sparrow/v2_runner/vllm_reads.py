@@ -101,6 +101,9 @@ SPECULATOR_ROWS: tuple[Read, ...] = (
         ("num_computed_tokens_np", "[B] tokens computed before the step (host; an upper bound)"),
         ("has_prefill", "some request runs its prefill: the packed layout"),
         ("input_ids", "[T] the tokens the target ran"))),
+    # engine_stats.py: the drafter's accounting, through LLM.collective_rpc
+    _read("vllm.v1.worker.gpu.model_runner.GPUModelRunner.speculator", "engine_stats.py",
+          "the worker's speculator, whose sparrow_stats() engine_stats reads", "instance"),
 )
 
 ROWS: tuple[Read, ...] = METHOD_ROWS + SPECULATOR_ROWS

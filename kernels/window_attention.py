@@ -164,7 +164,9 @@ def ring_window_attention(q, k, v, k_cache, v_cache, slots, pos, valid, cache_le
                           window: int, ring: int, scale: float, block_n: int = 16) -> torch.Tensor:
     """Same contract as ring_window_attention_ref: q [B, L, H, D] -> [B, L, H, D], cache written."""
     B, L, heads, d = q.shape
-    out = torch.empty_like(q)
+    # Contiguous whatever q's strides (empty_like would copy a dense but permuted q's layout, and
+    # the kernel writes out densely in [B, L, H, D] order).
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if B == 0 or L == 0:
         return out
     kv_heads, cap = k_cache.shape[1], k_cache.shape[2]

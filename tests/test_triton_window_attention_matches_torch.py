@@ -3,9 +3,10 @@ with prompt chunks) writes what the padded layout writes.
 
 Under the Triton interpreter, over randomised batches: fresh and long histories that wrapped the
 ring, padding rows, windows larger and smaller than the rows, anchors overlapping the window,
-one and several query tiles, GQA ratios 1/2/4/7, head dims 32/64, fp32 and fp16 (the
-interpreter computes bf16 wrongly, so bf16 is left to GPU runs). On a CUDA machine the same
-cases also run compiled, in fp16 and bf16 (tensor-core dot products, fp32 accumulation).
+one and several query tiles, a dense but permuted query, GQA ratios 1/2/4/7, head dims 32/64,
+fp32 and fp16 (the interpreter computes bf16 wrongly, so bf16 is left to GPU runs). On a CUDA
+machine the same cases also run compiled, in fp16 and bf16 (tensor-core dot products, fp32
+accumulation).
 The packed store is checked against the padded [B, L] write directly, without Triton; the
 drafter's packed steps (prompt chunks) run through both backends."""
 
@@ -89,6 +90,20 @@ def test_ring_attention_and_cache_write_equal_the_reference(group, dtype, anchor
         torch.testing.assert_close(out[rows], ref[rows], atol=TOL[dtype], rtol=TOL[dtype])
         live = slice(0, kc.shape[0] - 1)  # the reference also scribbles on the sink slot
         assert torch.equal(kc[live], kc_ref[live]) and torch.equal(vc[live], vc_ref[live])
+
+
+@child_only
+def test_a_dense_but_permuted_query_gets_a_correct_output():
+    """q as a [B, H, L, D] tensor seen through transpose(1, 2): dense, not contiguous (a layout
+    an attention backend may hand over); the output must still be the reference's."""
+    q, k, v, kc, vc, slots, pos, valid, cache_len, ring = _batch(3, 2, 2, 32, F32, 2, 5, 6)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)  # same values, [B, H, L, D] in memory
+    assert not q.is_contiguous()
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    out = ring_window_attention(q, k, v, kc, vc, slots, pos, valid, cache_len, 2, 5, ring, 32 ** -0.5, block_n=8)
+    ref = ring_window_attention_ref(q, k, v, kc_ref, vc_ref, slots, pos, valid, cache_len, 2, 5, ring, 32 ** -0.5)
+    rows = valid[:, :, None, None].expand_as(out)
+    torch.testing.assert_close(out[rows], ref[rows], atol=TOL[F32], rtol=TOL[F32])
 
 
 @child_only

@@ -121,4 +121,9 @@ def test_the_start_up_check_finds_every_internal_the_v2_glue_relies_on():
     probes = [Read(f"{base}.apply_options", "a test", "x", "signature", params=("spec_config",)),
               Read(f"{base}.no_such_hook", "a test", "x", "signature", params=("spec",)),
               Read("vllm.v1.spec_decode.eagle.EagleProposer", "a test", "x", "class")]
-    assert missing_reads(ROWS + tuple(probes)) == probes
+    missing = missing_reads(ROWS + tuple(probes))
+    assert [r for r in missing if r in probes] == probes
+    # Optional ones missing here: serving_layer's oneDNN GEMM ops, absent from 0.34's CPU ops module
+    # (the draft's linears run on torch then), and nothing else.
+    optional = [r for r in missing if r not in probes]
+    assert all(not r.required and r.by == "serving_layer.py" and "onednn" in r.target for r in optional), optional

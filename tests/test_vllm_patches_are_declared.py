@@ -48,8 +48,15 @@ def test_patch_list_in_docs_is_generated_from_the_table():
 def test_the_method_patches_and_the_general_fixes_are_declared_in_their_own_modules():
     """One table, joined from the rows each module declares beside its code: the method's patches
     (all required) in method_patches.py, the general fixes (all can be turned off) in
-    vllm_fixes.py, each with the internals its code reads; the other reads in vllm_reads.py."""
-    assert patches.PATCHES == method_patches.ROWS + vllm_reads.ROWS + vllm_fixes.ROWS
+    vllm_fixes.py, each with the internals its code reads; the V1 glue's other reads in
+    vllm_reads.py; the shared modules' reads in shared_reads.py, which the V2 runner's table
+    holds too."""
+    from vllm_sparrow import shared_reads
+    from vllm_sparrow.v2_runner import vllm_reads as v2_reads
+
+    assert patches.PATCHES == method_patches.ROWS + vllm_reads.ROWS + shared_reads.ROWS + vllm_fixes.ROWS
+    assert v2_reads.ROWS[-len(shared_reads.ROWS):] == shared_reads.ROWS
+    assert all(r.kind == "reads" and r.scope == "sparrow" for r in shared_reads.ROWS)
     for module, scope in ((method_patches, "sparrow"), (vllm_fixes, "fix")):
         replaced = [r for r in module.ROWS if r.kind == "replaces"]
         assert replaced and all(r.scope == scope and r.apply.__module__ == module.__name__ for r in replaced)

@@ -9,6 +9,7 @@ glue (v1_runner/) declares beside its code:
                      without patching them: the runner's batch, the attention metadata, ...
   vllm_fixes.py      general vLLM fixes met on the way, each of which SPARROW_DISABLE_PATCHES=name,...
                      turns off
+and the reads of the modules both glues share (shared_reads.py, in the V2 runner's table too).
 A row is a patch (patch_helper.Declared, kind "replaces") or a read (patch_helper.Read, kind
 "reads", which replaces nothing). `apply_patches()` checks the vLLM version (one of
 SUPPORTED_VLLM_VERSIONS), then that every read of this platform and version is present on the
@@ -29,6 +30,7 @@ import types
 from typing import Any
 
 from . import SUPPORTED_VLLM_VERSIONS, V1_RUNNER_VERSIONS, envs
+from . import shared_reads
 from .v1_runner import method_patches, vllm_fixes, vllm_reads
 from .patch_helper import (APPLIED, CHECKS, DECLARED, Declared, Patch, Read, for_version, parameter_names,
                            revert_patches)
@@ -39,7 +41,7 @@ __all__ = ["APPLIED", "DECLARED", "PATCHES", "Declared", "MissingVllmInternals",
 
 logger = None  # set by apply_patches (vLLM logger, imported lazily)
 
-PATCHES: tuple[Declared | Read, ...] = method_patches.ROWS + vllm_reads.ROWS + vllm_fixes.ROWS
+PATCHES: tuple[Declared | Read, ...] = method_patches.ROWS + vllm_reads.ROWS + shared_reads.ROWS + vllm_fixes.ROWS
 DECLARED.update((row.name, row) for row in PATCHES)
 
 

@@ -1,7 +1,7 @@
-"""The vLLM internals the method's own modules rely on without patching them: what proposer.py
+"""The vLLM internals the V1 runner's glue relies on without patching them: what proposer.py
 reads from the runner and from the EagleProposer it subclasses (and the methods it overrides),
-and what engine_stats.py, batch_caption.py and serving_layer.py read. Those modules import vLLM
-when they load, so their rows live here, grouped by reader; the internals a patch's code reads
+and what the engine capture's worker extension reads (training/capture_worker.py, V1 only). What
+the modules both glues share read is in ../shared_reads.py; the internals a patch's code reads
 are declared beside that patch (method_patches.py, vllm_fixes.py).
 
 patches.py checks at start-up that each row's target exists on the installed vLLM, as its `check`
@@ -19,9 +19,7 @@ _BATCH = "vllm.v1.worker.gpu_input_batch.InputBatch"
 _ATTN = "vllm.v1.attention.backend.CommonAttentionMetadata"
 _SAMPLING = "vllm.v1.sample.metadata.SamplingMetadata"
 _EAGLE = "vllm.v1.spec_decode.eagle.EagleProposer"  # its instance attributes are set by SpecDecodeBaseProposer
-_OPS = "vllm._custom_ops"
 _PROPOSER = "v1_runner/proposer.py"
-_SERVING = "serving_draft.py"
 _CAPTURE = "training/capture_worker.py"
 
 
@@ -82,20 +80,6 @@ ROWS: tuple[Read, ...] = (
     _overridden("propose", "one draft step: the runner's step in, draft token ids out"),
     Read(f"{_EAGLE}.take_last_draft_probs", _PROPOSER,
          "not overridden: the runner reads _last_draft_probs through it", "class"),
-    # serving_draft.py: the target model, through its model class (differs per architecture)
-    Read("<target model>.get_language_model", _SERVING,
-         "the language model of a multimodal target (else the model itself)", "documented"),
-    Read("<target language model>.embed_input_ids", _SERVING,
-         "the target's embedding, shared with a draft that has none", "documented"),
-    Read("<target model>.compute_logits", _SERVING, "the target's LM head, shared with a draft that has none",
-         "documented"),
-    Read("<target language model>.lm_head, .logits_processor", _SERVING,
-         "the head's weight for a reduced draft vocabulary, used only when the logits are a plain matmul "
-         "(else the full vocabulary; read with getattr)", "documented", required=False),
-    # engine_stats.py: the drafter's accounting, through LLM.collective_rpc
-    Read("vllm.v1.worker.gpu_worker.Worker.model_runner", "engine_stats.py, training/capture_worker.py",
-         "the worker's runner: its drafter's Sparrow stats; the batch layout and model the capture hooks read",
-         "instance"),
     # training/capture_worker.py: the target's states inside the engine (a worker extension)
     Read("vllm.config.parallel.ParallelConfig.worker_extension_cls", _CAPTURE,
          "mixes CaptureWorkerExtension into the worker (the engine argument)", "field"),
@@ -107,35 +91,4 @@ ROWS: tuple[Read, ...] = (
          "hooked: a decoder layer returns (hidden, residual), the stream is their sum; the final norm's output "
          "is what the proposer is handed (hooks on modules: vLLM's compile decorator bypasses the model's own)",
          "documented"),
-    # batch_caption.py: shutting its engine down
-    Read("vllm.entrypoints.llm.LLM.llm_engine", "batch_caption.py", "the engine behind LLM", "instance"),
-    Read("vllm.v1.engine.llm_engine.LLMEngine.engine_core", "batch_caption.py", "the engine-core client",
-         "instance"),
-    Read("vllm.v1.engine.core_client.EngineCoreClient.shutdown", "batch_caption.py",
-         "stops the engine processes before the command reports (also on Ctrl-C)", "class"),
-    Read("vllm.v1.engine.exceptions.EngineDeadError", "batch_caption.py",
-         "the engine died (Ctrl-C reaches its process first): reported as an interrupted run", "class"),
-    # training/step_cost.py: `sparrow tune` steps the engine itself to time its decode steps
-    Read("vllm.v1.engine.llm_engine.LLMEngine.add_request", "training/step_cost.py",
-         "queues a batch's requests together", "class"),
-    Read("vllm.v1.engine.llm_engine.LLMEngine.step", "training/step_cost.py", "one engine step, timed", "class"),
-    Read("vllm.v1.engine.llm_engine.LLMEngine.get_num_unfinished_requests", "training/step_cost.py",
-         "only steps with the whole batch running are timed", "class"),
-    Read("vllm.v1.engine.llm_engine.LLMEngine.abort_request", "training/step_cost.py",
-         "ends the batch once its steps are timed", "class"),
-    Read("vllm.v1.engine.llm_engine.LLMEngine.has_unfinished_requests", "training/step_cost.py",
-         "steps until the aborted batch is gone", "class"),
-    # serving_layer.py: vLLM's compiled ops (absent: torch's ops instead)
-    Read(f"{_OPS}.rms_norm", "serving_layer.py", "the draft layer's RMSNorm", "class", required=False),
-    Read(f"{_OPS}.fused_add_rms_norm", "serving_layer.py", "RMSNorm with the residual add fused in", "class",
-         required=False),
-    Read(f"{_OPS}.rotary_embedding", "serving_layer.py", "RoPE in place", "class", required=False),
-    Read(f"{_OPS}.create_onednn_mm", "serving_layer.py", "a prepacked oneDNN GEMM for the draft's linears",
-         "class", required=False, platform="cpu"),
-    Read(f"{_OPS}.onednn_mm", "serving_layer.py", "runs the prepacked GEMM", "class", required=False,
-         platform="cpu"),
-    Read(f"{_OPS}._supports_onednn", "serving_layer.py", "whether this CPU build has oneDNN (read with getattr)",
-         "class", required=False, platform="cpu"),
-    Read("torch.ops._C.silu_and_mul", "serving_layer.py", "SiLU-and-multiply of the draft's MLP (CUDA build)",
-         "documented", required=False, platform="cuda"),
 )

@@ -9,6 +9,7 @@ row lists, so a renamed argument or a removed hook in a later release is caught 
 
 from __future__ import annotations
 
+from .. import shared_reads
 from ..patch_helper import Read
 
 VERSIONS = ("0.34.0",)
@@ -106,4 +107,4 @@ SPECULATOR_ROWS: tuple[Read, ...] = (
           "the worker's speculator, whose sparrow_stats() engine_stats reads", "instance"),
 )
 
-ROWS: tuple[Read, ...] = METHOD_ROWS + SPECULATOR_ROWS
+ROWS: tuple[Read, ...] = METHOD_ROWS + SPECULATOR_ROWS + shared_reads.ROWS  # + what the shared modules read

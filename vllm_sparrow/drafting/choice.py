@@ -72,7 +72,7 @@ def tree_spec(cfg, num_draft: int) -> TreeSpec | None:
     return TreeSpec(topk, budget)
 
 
-def _override(env: int | str | None, configured: int | None) -> int | None:
+def _override(env, configured):
     """An environment override of a config value: unset (None) keeps the config's, "off" is None."""
     if env is None:
         return configured
@@ -82,10 +82,7 @@ def _override(env: int | str | None, configured: int | None) -> int | None:
 def stop_confidence(cfg) -> float | None:
     """The adaptive-length threshold: SPARROW_STOP_CONFIDENCE (a number, or "off"), else the
     draft config's stop_confidence."""
-    env = envs.SPARROW_STOP_CONFIDENCE  # None (unset), "off" or a probability
-    if env is None:
-        return cfg.stop_confidence
-    return None if env == "off" else env
+    return _override(envs.SPARROW_STOP_CONFIDENCE, cfg.stop_confidence)
 
 
 def adaptive_length(threshold: float | None, async_scheduling: bool | None,

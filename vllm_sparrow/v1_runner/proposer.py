@@ -5,12 +5,12 @@ by method_patches.py for method "sparrow". It replaces the EAGLE data path: vLLM
 KV cache and never feeds visual embeddings to the draft; each step is translated into a
 `StepBatch` and handed to `SparrowDrafter`, which owns the text-only window cache (allocated
 once at load time, sized by max_num_seqs, refused with a message when it cannot fit), with the
-drafting strategy chosen at load (drafting.py), as serving_draft.py loads them for either runner. What it reads from the runner and from the
-EagleProposer base, and the methods it overrides, are rows of vllm_reads.py, checked at start-up.
+drafting strategy chosen at load (drafting/choice.py), as serving_draft.py loads them for either
+runner. What it reads from the runner and from the EagleProposer base, and the methods it
+overrides, are rows of vllm_reads.py, checked at start-up.
 """
 
 from __future__ import annotations
-
 
 import dataclasses
 

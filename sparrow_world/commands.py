@@ -35,11 +35,17 @@ def _demo(args) -> int:
 
         cfg = world
         cfg.out, cfg.work, cfg.drafts_only = str(args.models), args.workdir, args.drafts_only
+        cfg.target_from = args.target_from or cfg.target_from
+        cfg.stages = args.stages or cfg.stages
         target = cfg.target
         if args.target_minutes is not None:
             target.minutes = args.target_minutes
         if args.extension_minutes is not None:
             target.extension = replace(target.extension, minutes=args.extension_minutes)
+        if args.long_steps is not None:
+            target.long = replace(target.long, steps=args.long_steps)
+        if args.threads is not None:
+            target.threads = args.threads
         for name, path in build(cfg).items():
             print(f"{name}: {path}")
         return 0
@@ -100,6 +106,19 @@ def add_demo(sub) -> None:
                    help="build: the target's main training stage, minutes (default: TargetTrainConfig's)")
     d.add_argument("--extension-minutes", type=float, default=None,
                    help="build: the target's long-clip extension stage, minutes (default: TargetTrainConfig's)")
+    d.add_argument("--long-steps", type=int, default=None,
+                   help="build: the target's long stage on clips of up to 1,536 s, steps (0: none; default: the "
+                        "world's, 0 for the easy world)")
+    d.add_argument("--target-from", default=None, metavar="DIR",
+                   help="build: start the target's long stage from DIR's weights (e.g. the shipped "
+                        "models/world-hard/target) when the workdir has no finished checkpoint of its main stage "
+                        "and extension, instead of training those first; build.json records the start")
+    d.add_argument("--stages", default=None, choices=("all", "target"),
+                   help="build: all (default) or target: stop after the target (no clips, capture or drafts; "
+                        "build.json keeps the previous drafts' results, marked as made with the previous target)")
+    d.add_argument("--threads", type=int, default=None,
+                   help="build: torch threads for training the target (default: TargetTrainConfig's); a resumed long "
+                        "stage ends with an uninterrupted run's weights when the count is the same")
     d.add_argument("--drafts-only", action="store_true",
                    help="build: keep the target in --models as it is and redo only the clips, the capture and the "
                         "drafts (a fresh checkout has the shipped target but not its training state)")

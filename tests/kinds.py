@@ -18,6 +18,7 @@ KINDS = {
     "test_cpu_expand_kernel_fix": "fast",
     "test_documented_commands_parse": "fast",
     "test_gpu_check_runs_without_vllm": "fast",
+    "test_sampled_drafts_keep_q_where_vllm_reads_it": "fast",
     "test_draft_cache_matches_dense_reference": "fast",
     "test_environment_is_read_in_one_place": "fast",
     "test_freed_host_memory_goes_back_to_the_os": "fast",
@@ -36,6 +37,7 @@ KINDS = {
     "test_world_captions_follow_the_frames": "fast",
     "test_hard_world_captions_say_the_scene_many_ways": "fast",
     "test_demo_build_drafts_only_keeps_the_shipped_target": "fast",
+    "test_target_trains_on_the_long_clips_it_is_benchmarked_at": "fast",
     # engine
     "test_async_scheduling_allowed_for_sparrow": "engine",
     "test_bad_speculative_config_fails_at_startup": "engine",

@@ -139,7 +139,7 @@ def _run_steps(drafter, model, io, reqs, steps, rnd, chunk_choices):
             nxt.append(r.next if r.next is not None else 0)
         seen = []
 
-        def sampler(logits):
+        def sampler(logits, position=0):
             seen.append(logits.clone())
             return logits.argmax(-1), None
 

@@ -46,7 +46,7 @@ def _serve_chain(draft, io, tokens, hidden, c, depth):
     drafter = SparrowDrafter(draft, io, (), TorchWindowAttention(), torch.device("cpu"), torch.float32)
     seen = []
 
-    def sample(logits):
+    def sample(logits, position=0):
         seen.append(logits[0].clone())
         return tokens[c + 1 + len(seen) : c + 2 + len(seen)], None  # the true next token
 

@@ -14,6 +14,7 @@ from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.draft_vocab import VOCAB_FILE, SubsetLogits, count_text_tokens, load_vocab, save_vocab, top_tokens
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
+from vllm_sparrow.drafting.sampling import QBuffer, Sampled
 from vllm_sparrow.model import SparrowDraftModel
 from engine_probe import spec_counters
 from sparrow_world.tiny_targets import make_prompt
@@ -75,10 +76,8 @@ def test_probabilistic_drafts_put_no_mass_outside_the_subset():
     io = _IO()
     subset = torch.tensor([2, 3, 9, 30])
 
-    def sample(logits):  # [B, N] -> a draw and its distribution
-        probs = logits.softmax(-1)
-        return torch.multinomial(probs, 1)[:, 0], probs
-
+    # q kept as vLLM's V1 runner takes it: [B, K, vocab] over the whole vocabulary
+    sample = Sampled(torch.tensor([1.0, 0.7]), torch.Generator().manual_seed(3), QBuffer(2, K, V, "cpu", subset))
     ids, probs = _drafts(SubsetLogits(io, subset, io.head, V), sample)
     assert probs.shape == (2, K, V)
     outside = torch.ones(V, dtype=torch.bool)

@@ -35,7 +35,7 @@ def test_the_draft_probabilities_are_the_distribution_the_draft_tokens_are_drawn
     vocab, n = 12, 20_000
     base = torch.randn(3, vocab, generator=g) * 2
     temps = torch.tensor([T, 1.0, 0.0])  # a batch mixing two temperatures and a greedy request
-    ids, q = sampled(temps.repeat_interleave(n), torch.Generator().manual_seed(1))(base.repeat_interleave(n, 0))
+    ids, q = sampled(temps.repeat_interleave(n), torch.Generator().manual_seed(1))(base.repeat_interleave(n, 0), 0)
     for r, t in enumerate(temps.tolist()):
         rows = slice(r * n, (r + 1) * n)
         want = torch.nn.functional.one_hot(base[r].argmax(), vocab).float() if t == 0 else (base[r] / t).softmax(-1)

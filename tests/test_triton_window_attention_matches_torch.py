@@ -144,7 +144,7 @@ def test_drafter_on_the_triton_backend_drafts_like_the_torch_backend():
         drafter = SparrowDrafter(model, IO(), (), backend, torch.device("cpu"), torch.float32)
         logits = []
 
-        def sample(lg):
+        def sample(lg, position=0):
             logits.append(lg.clone())
             return lg.argmax(-1), None
 

@@ -30,38 +30,34 @@ import torch
 
 from .attention import WindowAttentionBackend
 from .drafting.chain import ChainDrafting
-from .drafting.step import Committed, Drafts, DraftingStrategy, Proposal, Sampler, StepBatch, greedy
+from .drafting.sampling import GREEDY_TEMPERATURE, Sampler, greedy, sampled
+from .drafting.step import Committed, Drafts, DraftingStrategy, Proposal, StepBatch
 from .model import SparrowDraftModel, TokenIO
 from .serving_layer import SparrowServingLayer
 from .window import PackedRows, TextWindowCache, WindowBatch, WindowSpec
 
-__all__ = ["SparrowDrafter", "StepBatch", "Sampler", "greedy", "sampled"]
+__all__ = ["GREEDY_TEMPERATURE", "SparrowDrafter", "StepBatch", "Sampler", "greedy", "sampled"]
 
 COMMITTED, SEEN, HAS_PENDING = 0, 1, 2  # columns of SparrowDrafter.state
 RECENT_RELEASED = 1024  # released requests whose text entries stats() still reports (a fixed bound)
 
 
-GREEDY_TEMPERATURE = 1e-5  # vLLM's threshold: a request at a lower temperature is greedy
 CHAIN = ChainDrafting()  # the default strategy: the greedy or sampled chain
 
 
-def sampled(temperature: torch.Tensor, generator: torch.Generator) -> Sampler:
-    """Draws row b's draft token from q_b = softmax(logits_b / T_b) and returns q: the
-    distribution vLLM's rejection sampler must be told the token came from. temperature: [>= B]
-    per request; a greedy request (T_b below GREEDY_TEMPERATURE) drafts its argmax, q one-hot."""
-
-    def sample(logits: torch.Tensor):  # [B, vocab]
-        temp = temperature[: logits.shape[0]].float()  # [B]
-        is_greedy = temp < GREEDY_TEMPERATURE
-        probs = (logits.float() / torch.where(is_greedy, 1.0, temp)[:, None]).softmax(-1)  # [B, vocab]
-        # Exponential race (argmax of q / E, E ~ Exp(1)) draws from q without torch.multinomial's
-        # host-side checks.
-        race = probs / torch.empty_like(probs).exponential_(generator=generator)
-        ids = torch.where(is_greedy, probs.argmax(-1), race.argmax(-1))  # [B]
-        one_hot = torch.nn.functional.one_hot(ids, probs.shape[-1]).to(probs.dtype)
-        return ids, torch.where(is_greedy[:, None], one_hot, probs)
-
-    return sample
+def profile_layout(num_tokens: int, num_requests: int, longest: int) -> np.ndarray:
+    """Rows per request [B] of the largest step: B = min(num_requests, num_tokens) requests (the
+    packed rows are T + B, so as many as there may be), T = num_tokens rows: one long chunk and
+    single rows, the chunk split where it is longer than `longest` (the RoPE table: a
+    max_num_batched_tokens above max_model_len), never more requests than num_requests.
+    Worked example: 10 tokens, 4 requests, longest 4 -> [4, 4, 1, 1] (one chunk of 8 would not fit)."""
+    B = max(1, min(num_requests, num_tokens))
+    chunks = 1
+    while chunks < B and max(num_tokens, B) - (B - chunks) > chunks * longest:
+        chunks += 1
+    rest = min(max(num_tokens, B) - (B - chunks), chunks * longest)  # rows of the chunks
+    sizes = [rest // chunks + (i < rest % chunks) for i in range(chunks)]
+    return np.array(sizes + [1] * (B - chunks), dtype=np.int64)
 
 
 class SparrowDrafter:
@@ -82,7 +78,6 @@ class SparrowDrafter:
         self.io, self.backend, self.device = io, backend, torch.device(device)
         # A reduced draft vocabulary (draft_vocab.SubsetLogits): io.logits covers io.ids only.
         self.vocab_ids: torch.Tensor | None = getattr(io, "ids", None)  # [N] column -> token id
-        self.full_vocab: int | None = getattr(io, "vocab_size", None)
         self.max_draft_tokens = max_draft_tokens
         self.layer = SparrowServingLayer(model, max_positions=max_text_tokens + max_draft_tokens + 1)
         self.spec = WindowSpec(cfg.anchor_tokens, cfg.window_tokens)
@@ -172,18 +167,14 @@ class SparrowDrafter:
         return self._commit_packed(batch, slot_list, rows)
 
     @torch.inference_mode()
-    def profile_step(self, num_tokens: int, num_requests: int, num_draft: int) -> int:
+    def profile_step(self, num_tokens: int, num_requests: int, num_draft: int,
+                     drafting: DraftingStrategy = CHAIN, sample: Sampler = greedy) -> int:
         """The largest step vLLM can schedule: num_tokens rows, all text, over num_requests
-        requests, drafted on the sink slot, so vLLM's memory profile (its dummy run before it
-        sizes the KV cache) counts the draft's activations. No request's state is touched.
-        Returns the packed rows run."""
-        B = max(1, min(num_requests, num_tokens))
-        # One long chunk and B - 1 single rows (the packed rows are T + B either way); a chunk
-        # longer than the RoPE table (max_num_batched_tokens > max_model_len) is split.
-        longest = max(1, self.layer.max_positions - self.max_draft_tokens - 2)
-        rest = max(num_tokens, B) - (B - 1)
-        chunks = [longest] * ((rest - 1) // longest) + [rest - longest * ((rest - 1) // longest)]
-        qlen = np.array(chunks + [1] * (B - 1), dtype=np.int64)  # [B'] rows per request
+        requests, drafted on the sink slot the way the engine drafts (its strategy, and a sampler
+        that samples every request when it may sample any), so vLLM's memory profile (its dummy
+        run before it sizes the KV cache) counts the draft's activations. No request's state is
+        touched. Returns the packed rows run."""
+        qlen = profile_layout(num_tokens, num_requests, max(1, self.layer.max_positions - self.max_draft_tokens - 2))
         B, T = len(qlen), int(qlen.sum())
         dev, sink = self.device, self.cache.num_slots
         text = next(i for i in range(len(self._visual_host) + 1) if i not in self._visual_host)  # a text token
@@ -191,7 +182,7 @@ class SparrowDrafter:
         batch = StepBatch([""] * B, z(T) + text, self.pending.new_zeros(T, self.pending.shape[1]),
                           np.concatenate([[0], np.cumsum(qlen)]), torch.as_tensor(qlen, device=dev), z(B),
                           z(B), z(B) + text, z(B, torch.bool), text_rows=qlen)
-        CHAIN.draft(self, self._commit_packed(batch, [sink] * B, None), num_draft, greedy)
+        drafting.draft(self, self._commit_packed(batch, [sink] * B, None), num_draft, sample)
         self.state[sink] = torch.tensor([0, -1, 0], device=dev)
         return T + B
 
@@ -380,21 +371,19 @@ class SparrowDrafter:
         plus the chain's own entries (written past the committed end, never read later)."""
         return lambda q, k, v: self.backend.chain(self.cache, committed.chain_ctx, wb, q, k, v)
 
-    def propose(self, y: torch.Tensor, sample: Sampler, confidence: bool = False) -> Proposal:
-        """Draft tokens [B] (their distribution [B, vocab], and with `confidence` their
-        probability under the draft [B]) from draft states y [B, H]."""
-        logits = self.io.logits(y)
-        tok, p = sample(logits)
+    def propose(self, y: torch.Tensor, sample: Sampler, confidence: bool = False, position: int = 0) -> Proposal:
+        """Draft tokens [B] of chained position `position` (and with `confidence` their
+        probability under the draft [B]) from draft states y [B, H]. A sampled draft's
+        distribution stays with the sampler's store (drafting/sampling.py)."""
+        logits = self.io.logits(y)  # [B, Vd]
+        tok, q = sample(logits, position)
         conf = None
         if confidence:  # the drafted token's probability under the draft
-            probs = p if p is not None else logits.float().softmax(-1)
+            probs = q if q is not None else logits.float().softmax(-1)
             conf = probs.gather(-1, tok[:, None])[:, 0]
-        if self.vocab_ids is None:
-            return Proposal(tok, p, conf)
-        tok = self.vocab_ids[tok]  # subset column -> token id
-        if p is not None:  # q = 0 outside the subset
-            p = p.new_zeros(p.shape[0], self.full_vocab).index_copy_(1, self.vocab_ids, p)
-        return Proposal(tok, p, conf)
+        if self.vocab_ids is not None:
+            tok = self.vocab_ids[tok]  # subset column -> token id
+        return Proposal(tok, q is not None, conf)
 
     # ---- accounting ----------------------------------------------------------------
     def stats(self) -> dict:

@@ -8,6 +8,8 @@ text-window cache at serve time, a masked dense pass in training) is injected as
 
 from __future__ import annotations
 
+import weakref
+
 from typing import Any, Callable, Protocol
 
 import torch
@@ -161,3 +163,28 @@ class OwnTokenIO:
             return self.model.lm_head(hidden)
         assert self.fallback is not None, "draft has no LM head and no target was given"
         return self.fallback.logits(hidden)
+
+
+class TargetTokenIO:
+    """The target's embedding and LM head (TP-aware, via vLLM's model interface: the language
+    model's embed_input_ids and the model's compute_logits), held weakly: at shutdown vLLM's runner drops the target (runner.shutdown sets model = None) so
+    the next engine in the process gets its memory; a strong reference here would keep every
+    weight alive (a 7B target on one GPU: the next engine could not start)."""
+
+    def __init__(self, target_model: torch.nn.Module) -> None:
+        lm = target_model.get_language_model() if hasattr(target_model, "get_language_model") else target_model
+        self._embed = weakref.WeakMethod(lm.embed_input_ids)
+        self._logits = weakref.WeakMethod(target_model.compute_logits)
+
+    @staticmethod
+    def _live(method: weakref.WeakMethod):
+        fn = method()
+        if fn is None:
+            raise RuntimeError("the target model was released: its engine has shut down")
+        return fn
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self._live(self._embed)(token_ids)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._live(self._logits)(hidden)

@@ -5,13 +5,12 @@ runner's proposer in load_model, proposer.py; the V2 runner's speculator, v2_run
 loaded from its directory, its text-only window cache sized by max_num_seqs (refused with a
 message when it cannot fit), its token I/O (its own embedding and LM head, else the target's, on
 its reduced vocabulary where it ships one), the drafter, and the drafting strategy chosen once
-(drafting/choice.py, which reads its own inputs). Reads of vLLM are of VllmConfig fields both
-runners' releases define.
+(drafting/choice.py, which reads its own inputs), its CUDA graphs captured. Reads of vLLM are of
+VllmConfig fields both runners' releases define.
 """
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +24,7 @@ from .drafter import SparrowDrafter
 from .drafting.choice import DraftingChoice, choose_drafting
 from .drafting.step import DraftingStrategy
 from .host_memory import DEFAULT_INTERVAL_S
-from .model import OwnTokenIO, SparrowDraftModel
+from .model import OwnTokenIO, SparrowDraftModel, TargetTokenIO
 from .targets import target_spec
 from .window import TextWindowCache, WindowSpec
 
@@ -63,6 +62,10 @@ def load_serving_draft(vllm_config, draft_dir: str, target_model: torch.nn.Modul
                              max_draft_tokens=num_draft, max_text_tokens=max_model_len)
     choice = DraftingChoice.for_engine(vllm_config, cfg, device, num_draft, per_request_lengths)
     drafting = choose_drafting(drafter, num_draft, choice)
+    # Its CUDA graphs now, while the runner loads the model and before vLLM profiles memory: their
+    # private pool is then part of the memory vLLM counts as the model's, not taken from the KV
+    # cache it sized (a capture at vLLM's own capture time comes after that sizing).
+    drafting.capture()
     what = drafting.describe()
     logger.info(
         "Sparrow draft %s loaded: drafting %d tokens per step, %s-token draft vocabulary, %s%s, decode steps %s; "
@@ -79,7 +82,7 @@ def load_serving_draft(vllm_config, draft_dir: str, target_model: torch.nn.Modul
 def token_io(vllm_config, model: SparrowDraftModel, target_model: torch.nn.Module, draft_dir: str):
     """The draft's embedding and LM head (its own, else the target's), on the draft's
     reduced vocabulary when it ships one and the head allows it."""
-    io = OwnTokenIO(model, _TargetTokenIO(target_model))
+    io = OwnTokenIO(model, TargetTokenIO(target_model))
     ids = load_vocab(draft_dir)
     if ids is None:
         return io
@@ -92,31 +95,6 @@ def token_io(vllm_config, model: SparrowDraftModel, target_model: torch.nn.Modul
                           "the full vocabulary", why)
         return io
     return SubsetLogits(io, ids, head, vocab)
-
-
-class _TargetTokenIO:
-    """The target's embedding and LM head (TP-aware, via the model's public interface), held
-    weakly: at shutdown vLLM's runner drops the target (runner.shutdown sets model = None) so
-    the next engine in the process gets its memory; a strong reference here would keep every
-    weight alive (a 7B target on one GPU: the next engine could not start)."""
-
-    def __init__(self, target_model: torch.nn.Module) -> None:
-        lm = target_model.get_language_model() if hasattr(target_model, "get_language_model") else target_model
-        self._embed = weakref.WeakMethod(lm.embed_input_ids)
-        self._logits = weakref.WeakMethod(target_model.compute_logits)
-
-    @staticmethod
-    def _live(method: weakref.WeakMethod):
-        fn = method()
-        if fn is None:
-            raise RuntimeError("the target model was released: its engine has shut down")
-        return fn
-
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return self._live(self._embed)(token_ids)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._live(self._logits)(hidden)
 
 
 def _plain_target_head(target_model, tp: int):

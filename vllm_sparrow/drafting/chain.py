@@ -9,6 +9,7 @@ from typing import Iterator
 import torch
 
 from ..window import WindowBatch
+from .sampling import Sampled
 from .step import Committed, DraftCore, Drafts, Plain, Proposal, Sampler, StepBatch, greedy
 
 
@@ -20,7 +21,7 @@ def chain_proposals(drafter: DraftCore, c: Committed, num_draft: int, sample: Sa
     c, c + 1, ...: scratch that no later step reads (the next step commits over those indices)."""
     y = c.state  # [B, H]
     for step in range(num_draft):
-        p = drafter.propose(y, sample, confidence)
+        p = drafter.propose(y, sample, confidence, step)
         yield p
         if step == num_draft - 1:
             return
@@ -29,14 +30,15 @@ def chain_proposals(drafter: DraftCore, c: Committed, num_draft: int, sample: Sa
         y = drafter.forward(y, p.ids[:, None], wb, drafter.chain_attention(c, wb))
 
 
-def stacked(c: Committed, proposals: list[Proposal]) -> Drafts:
+def stacked(c: Committed, proposals: list[Proposal], sample: Sampler = greedy) -> Drafts:
     """Drafts [B, len(proposals)] of the proposals in chain order (0 for requests not drafting)."""
     if not proposals:
         return Drafts(torch.zeros(len(c.slots), 0, dtype=torch.long, device=c.slots.device))
     ids = torch.where(c.drafting[:, None], torch.stack([p.ids for p in proposals], 1), 0)  # [B, K]
-    probs = [p.probs for p in proposals if p.probs is not None]
     conf = [p.confidence for p in proposals if p.confidence is not None]
-    return Drafts(ids, torch.stack(probs, 1) if probs else None, torch.stack(conf, 1) if conf else None)
+    is_sampled = any(p.sampled for p in proposals)
+    kept = sample.kept(*ids.shape) if is_sampled and isinstance(sample, Sampled) else None  # [B, K, vocab] or None
+    return Drafts(ids, is_sampled, kept, torch.stack(conf, 1) if conf else None)
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class ChainDrafting(Plain):
         return self.draft(drafter, drafter.commit(batch, num_draft), num_draft, sample)
 
     def draft(self, drafter: DraftCore, c: Committed, num_draft: int, sample: Sampler = greedy) -> Drafts:
-        return stacked(c, list(chain_proposals(drafter, c, num_draft, sample, self.confidence)))
+        return stacked(c, list(chain_proposals(drafter, c, num_draft, sample, self.confidence)), sample)
 
 
 def kept_drafts(drafts: Drafts, stop_confidence: float) -> list[list[int]]:
@@ -86,8 +88,8 @@ class StoppingChainDrafting(Plain):
             cumulative = cumulative * p.confidence.float()
             if not bool((c.drafting & (cumulative >= self.stop_confidence)).any()):
                 break  # every chain is past its last verified token
-        return stacked(c, proposals)
+        return stacked(c, proposals, sample)
 
     def per_request(self, drafts: Drafts) -> list[list[int]] | None:
-        # sampled drafts (probs kept) are verified in full: each against the q it was drawn from
-        return kept_drafts(drafts, self.stop_confidence) if drafts.probs is None else None
+        # sampled drafts are verified in full: each against the q it was drawn from
+        return None if drafts.sampled else kept_drafts(drafts, self.stop_confidence)

@@ -14,10 +14,11 @@ of ~250 kernel launches. Per step the host only copies the inputs into static bu
 Rows past a request's accepted ones keep whatever an earlier step left there: finite values
 that are masked out (never keys, never written to a real slot, outputs discarded).
 
-Captured during vLLM's start-up capture (the strategy's capture(), which each runner's glue calls then),
-largest bucket first so smaller ones share its memory pool. With `capture=False` the same
-static-buffer step runs eagerly, on any device: that is how CPU tests check the padding and
-buffer logic that the graphs replay.
+Captured when the draft loads (serving_draft.py calls the strategy's capture()), before vLLM
+profiles memory, so the graphs' private pool is counted with the model's memory and not taken
+out of the KV cache vLLM sized; largest bucket first so smaller ones share its memory pool.
+With `capture=False` the same static-buffer step runs eagerly, on any device: that is how CPU
+tests check the padding and buffer logic that the graphs replay.
 """
 
 from __future__ import annotations
@@ -129,6 +130,9 @@ class GraphDrafting(Plain):
                 and g.bucket(len(batch.req_ids)) is not None):
             return Drafts(g.run(batch, drafter.slots_for(batch.req_ids)))
         return self.fallback.step(drafter, batch, num_draft, sample)
+
+    def draft(self, drafter: SparrowDrafter, committed, num_draft: int, sample: Sampler = greedy) -> Drafts:
+        return self.fallback.draft(drafter, committed, num_draft, sample)
 
     def capture(self) -> None:
         self.graphs.capture()

@@ -18,14 +18,10 @@ import numpy as np
 import torch
 
 from ..window import TextWindowCache, WindowBatch
+from .sampling import Sampler, greedy
 
-# sample(logits [B, vocab]) -> (token ids [B], probs [B, vocab] or None).
-# probs are the distribution the ids were drawn from (None: deterministic, e.g. greedy).
-Sampler = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
-
-
-def greedy(logits: torch.Tensor) -> tuple[torch.Tensor, None]:
-    return logits.argmax(dim=-1), None
+__all__ = ["Attention", "Committed", "DraftCore", "Drafts", "DraftingStrategy", "Plain", "Proposal", "Sampler",
+           "StepBatch", "greedy"]
 
 
 @dataclass
@@ -99,7 +95,10 @@ class Drafts:
     """A step's drafts."""
 
     ids: torch.Tensor  # [B, K] draft token ids (0 for requests that do not draft)
-    probs: torch.Tensor | None = None  # [B, K, vocab] the distribution each id was drawn from (sampled)
+    sampled: bool = False  # drawn from q (rejection sampling verifies each against it), not a point mass
+    # [B, K, vocab] the distribution each id was drawn from, where the sampler keeps it as vLLM's V1
+    # runner takes it (a view of its QBuffer: drafting/sampling.py); None otherwise
+    probs: torch.Tensor | None = None
     confidence: torch.Tensor | None = None  # [B, K] each id's probability under the draft (adaptive length)
 
 
@@ -108,7 +107,7 @@ class Proposal:
     """One chained position's draft tokens."""
 
     ids: torch.Tensor  # [B] token ids (vocabulary ids, a reduced draft vocabulary mapped back)
-    probs: torch.Tensor | None  # [B, vocab] what they were drawn from (None: deterministic)
+    sampled: bool  # drawn from a distribution the sampler's store keeps (not a point mass)
     confidence: torch.Tensor | None  # [B] their probability under the draft (when asked)
 
 
@@ -129,7 +128,7 @@ class DraftCore(Protocol):
 
     def chain_attention(self, committed: Committed, wb: WindowBatch) -> Attention: ...
 
-    def propose(self, y: torch.Tensor, sample: Sampler, confidence: bool = False) -> Proposal: ...
+    def propose(self, y: torch.Tensor, sample: Sampler, confidence: bool = False, position: int = 0) -> Proposal: ...
 
     def slots_for(self, req_ids: Sequence[str]) -> list[int]: ...
 
@@ -142,12 +141,16 @@ class DraftingStrategy(Protocol):
     def step(self, drafter: DraftCore, batch: StepBatch, num_draft: int, sample: Sampler) -> Drafts:
         """Commit the batch's target states and draft num_draft tokens per request."""
 
+    def draft(self, drafter: DraftCore, committed: Committed, num_draft: int, sample: Sampler) -> Drafts:
+        """Draft num_draft tokens per request from a commit (what step() does after committing;
+        the drafter's profile_step runs it at the engine's largest step)."""
+
     def per_request(self, drafts: Drafts) -> list[list[int]] | None:
         """The drafts cut to each request's own length (adaptive length: host lists, as vLLM's
         V1 runner takes them), or None: every request verifies all K."""
 
     def capture(self) -> None:
-        """Capture the strategy's CUDA graphs (vLLM's start-up capture); nothing for most."""
+        """Capture the strategy's CUDA graphs (when the draft loads, before vLLM profiles memory); nothing for most."""
 
     def describe(self) -> dict:
         """What it is, for the load log and the engine's stats: {"drafting": name, "tree":

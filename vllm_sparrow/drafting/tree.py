@@ -64,10 +64,10 @@ class TreeDrafting(Plain):
         if sample is not greedy:
             return ChainDrafting(confidence).draft(drafter, c, num_draft, sample)
         ids, conf = search_chain(drafter, self.spec, c, num_draft)
-        return Drafts(ids, None, conf if confidence else None)
+        return Drafts(ids, confidence=conf if confidence else None)
 
     def per_request(self, drafts: Drafts) -> list[list[int]] | None:
-        if self.stop_confidence is None or drafts.probs is not None:
+        if self.stop_confidence is None or drafts.sampled:
             return None
         return kept_drafts(drafts, self.stop_confidence)
 

@@ -16,7 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
-PARTS = ("kernels", "graphs", "memory", "timing")
+PARTS = ("kernels", "graphs", "memory", "costs", "modes")
 
 
 def kernels_from_checkout() -> None:
@@ -50,7 +50,8 @@ def environment(device) -> dict:
 def parse(argv):
     p = argparse.ArgumentParser(prog="python -m vllm_sparrow.gpu_check", description=__doc__)
     p.add_argument("--shapes", choices=("7b", "tiny"), default="7b", help="sizes (shapes.py)")
-    p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    p.add_argument("--device", default=None, help="cuda (default when available), cpu, or meta (memory at any "
+                                                  "shapes without allocating it: the memory part only)")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     p.add_argument("--out", default="gpu-check.json", help="the JSON report")
     return p.parse_args(argv)
@@ -61,11 +62,11 @@ def main(argv=None) -> int:
     kernels_from_checkout()
     import torch
 
-    from . import graphs, kernels, memory, shapes, timing
+    from . import costs, graphs, kernels, memory, modes, shapes
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     s = {"7b": shapes.SEVEN_B, "tiny": shapes.TINY}[args.shapes]
-    modules = {"kernels": kernels, "graphs": graphs, "memory": memory, "timing": timing}
+    modules = {"kernels": kernels, "graphs": graphs, "memory": memory, "costs": costs, "modes": modes}
     report = {"shapes": s.name, "environment": environment(device), "parts": {}}
     t_all = time.perf_counter()
     for name in args.parts.split(","):

@@ -1,6 +1,6 @@
 """A 7B-shaped target's verify step with random weights: what a draft step is measured against.
 
-The verify step vLLM runs for B requests each verifying K drafts: B x (K + 1) tokens through
+The verify step vLLM runs for B requests each verifying L - 1 drafts: B x L tokens through
 every layer (RMSNorm, QKV, RoPE, attention over the request's KV cache of `context` tokens,
 output projection, gated MLP), the final norm and the LM head over every row. Attention is
 torch's SDPA (flash where it takes the shapes) without a mask: the K + 1 queries read the
@@ -71,11 +71,12 @@ class RandomTarget:
         return F.rms_norm(x, (s.hidden,), self.norm) @ self.head
 
 
-def time_step(target: RandomTarget, B: int, context: int, repeats: int, kv_budget_bytes: int) -> dict:
-    """Milliseconds of one verify step of B requests at `context` cached tokens each."""
+def time_step(target: RandomTarget, B: int, context: int, L: int, repeats: int, kv_budget_bytes: int,
+              kv=None) -> dict:
+    """Milliseconds of one verify step of B requests, L rows each, at `context` cached tokens
+    each (`kv`: caches from target.caches(B, context, ...) to reuse across L)."""
     s, dev = target.s, target.device
-    kv, shared = target.caches(B, context, kv_budget_bytes)
-    L = s.k + 1
+    kv, shared = kv if kv is not None else target.caches(B, context, kv_budget_bytes)
     ids = torch.randint(0, s.vocab, (B * L,), device=dev)
     positions = (context - L + torch.arange(L, device=dev)).repeat(B)
     run = lambda: target.step(ids, positions, kv, B)  # noqa: E731
@@ -89,7 +90,7 @@ def time_step(target: RandomTarget, B: int, context: int, repeats: int, kv_budge
             except RuntimeError as e:  # a kernel that cannot be captured: timed eagerly
                 error = f"{type(e).__name__}: {str(e)[:200]}"
         ms = measure_ms(run, dev, repeats)
-    return {"batch": B, "context": context, "target_ms": ms, "cuda_graph": graphed, "attention": attention,
+    return {"batch": B, "context": context, "rows": L, "target_ms": ms, "cuda_graph": graphed, "attention": attention,
             "kv_shared_across_layers": shared, **({"graph_error": error} if error else {})}
 
 

@@ -18,10 +18,11 @@ import numpy as np
 import torch
 from vllm.v1.spec_decode.eagle import EagleProposer
 
-from ..drafter import Sampler, SparrowDrafter, sampled
-from ..drafting.step import DraftingStrategy, StepBatch, greedy
+from ..drafter import SparrowDrafter
+from ..drafting.sampling import QBuffer, Sampled, Sampler, greedy
+from ..drafting.step import DraftingStrategy, StepBatch
 from ..host_memory import HostMemoryReturner
-from ..serving_draft import host_memory_interval, load_serving_draft
+from ..serving_draft import host_memory_interval, load_serving_draft, logger
 
 
 class SparrowProposer(EagleProposer):
@@ -46,6 +47,21 @@ class SparrowProposer(EagleProposer):
         self.sparrow_drafter, self.drafting = served.drafter, served.drafting
         self._visual_ids = served.visual_ids
         self._visual_count: dict[str, int] = {}  # request id -> visual placeholders in its prompt
+        self.q_buffer = self._q_buffer()
+
+    def _q_buffer(self) -> QBuffer | None:
+        """With probabilistic drafting, the [max_num_seqs, K, vocab] float32 buffer q is kept in
+        for this runner's rejection sampler, allocated now, before vLLM profiles memory, so its KV
+        cache is sized around it (drafting/sampling.py)."""
+        if not self._enable_probabilistic_draft_probs:
+            return None
+        seqs, vocab = self.vllm_config.scheduler_config.max_num_seqs, self.vllm_config.model_config.get_vocab_size()
+        size = QBuffer.bytes_needed(seqs, self.num_speculative_tokens, vocab)
+        logger.info("Sparrow: probabilistic drafting keeps each step's draft distributions in %.2f GiB "
+                    "([%d, %d, %d] float32: max_num_seqs x draft tokens x vocabulary), allocated before vLLM "
+                    "profiles memory; greedy drafts (the default) need none and are exact at any temperature",
+                    size / 2**30, seqs, self.num_speculative_tokens, vocab)
+        return QBuffer(seqs, self.num_speculative_tokens, vocab, self.device, self.sparrow_drafter.vocab_ids)
 
     def initialize_attn_backend(self, kv_cache_config, kernel_block_sizes=None) -> None:
         # No vLLM attention layers and no vLLM KV cache for the draft. Group 0's metadata
@@ -60,17 +76,17 @@ class SparrowProposer(EagleProposer):
         pass
 
     def dummy_run(self, num_tokens: int, *args, is_graph_capturing: bool = False, **kwargs) -> None:
-        # The cache is allocated at load time, before vLLM profiles memory; at vLLM's graph
-        # capture, the decode step is captured once for every batch bucket. Otherwise (vLLM's
-        # memory profile among them) the largest step of num_tokens rows runs, so the draft's
-        # activations are in the peak vLLM budgets for.
-        if self.sparrow_drafter is None:
-            return
-        if is_graph_capturing:
-            self.drafting.capture()
+        # The cache, the q buffer and the decode step's CUDA graphs are made at load time, before
+        # vLLM profiles memory (serving_draft.py); at vLLM's graph capture nothing is left to do.
+        # Otherwise (vLLM's memory profile among them) the largest step of num_tokens rows runs,
+        # drafted as the engine drafts, so the draft's activations are in the peak vLLM budgets for.
+        if self.sparrow_drafter is None or is_graph_capturing:
             return
         max_seqs = self.vllm_config.scheduler_config.max_num_seqs
-        rows = self.sparrow_drafter.profile_step(num_tokens, max_seqs, self.num_speculative_tokens)
+        sample = greedy if self.q_buffer is None else Sampled(
+            torch.ones(max_seqs, device=self.device), self.draft_generator, self.q_buffer)  # every request sampled
+        rows = self.sparrow_drafter.profile_step(num_tokens, max_seqs, self.num_speculative_tokens, self.drafting,
+                                                 sample)
         self.profiled_rows = max(getattr(self, "profiled_rows", 0), rows)
 
     def release_requests(self, req_ids) -> None:
@@ -79,6 +95,11 @@ class SparrowProposer(EagleProposer):
         for r in req_ids:
             self._visual_count.pop(r, None)
         self.host_memory.maybe_release()  # the ended requests' step temporaries are free now
+
+    @property
+    def sparrow_core(self) -> SparrowDrafter:
+        """The drafter this proposer drafts with (measurement tools: engine_stats.py)."""
+        return self.sparrow_drafter
 
     def sparrow_stats(self) -> dict:
         """The drafter's accounting (SparrowDrafter.stats, with what this proposer holds per
@@ -112,7 +133,7 @@ class SparrowProposer(EagleProposer):
         drafts = self.sparrow_drafter.step(
             batch, num_speculative_tokens, self._sampler(sampling_metadata), self.drafting
         )
-        self._last_draft_probs = drafts.probs
+        self._last_draft_probs = drafts.probs  # a view of q_buffer (sampled steps), else None
         # Adaptive length: vLLM's scheduler schedules exactly each request's kept drafts to verify
         # (read back to the host, as vLLM's non-async path does anyway).
         kept = self.drafting.per_request(drafts)
@@ -170,6 +191,6 @@ class SparrowProposer(EagleProposer):
         return np.fromiter((counts[r] for r in batch.req_ids[:n]), dtype=np.int64, count=n)
 
     def _sampler(self, md) -> Sampler:
-        if not self._enable_probabilistic_draft_probs or md.all_greedy:
+        if self.q_buffer is None or md.all_greedy:
             return greedy
-        return sampled(md.temperature, self.draft_generator)
+        return Sampled(md.temperature, self.draft_generator, self.q_buffer)

@@ -17,9 +17,10 @@ Lifecycle, as the runner drives it:
   on_requests_finished    finished and aborted requests: their slots freed
   reset_state             after vLLM's warm-up requests: every slot freed
 Sampled requests draft from q = softmax(draft logits / T) when vLLM keeps draft logits for
-probabilistic verification (draft_sample_method "probabilistic"): q is written to the runner's
-DraftLogitsCache as T * log q, which the rejection sampler turns back into q; otherwise drafts
-are greedy and verified one-hot, which is exact too. What the glue relies on in vLLM is declared
+probabilistic verification (draft_sample_method "probabilistic"): the draft logits are rounded into
+the runner's DraftLogitsCache row of the request first and the token is drawn from softmax(stored /
+T), the q the rejection sampler recomputes (drafting/sampling.py, LogitRows); otherwise drafts are
+greedy and verified one-hot, which is exact too. What the glue relies on in vLLM is declared
 in vllm_reads.py, checked before the method registers.
 """
 
@@ -31,7 +32,7 @@ import torch
 from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
 
 from .. import envs
-from ..drafter import GREEDY_TEMPERATURE, greedy, sampled
+from ..drafting.sampling import LogitRows, Sampled, greedy
 from ..host_memory import HostMemoryReturner
 from ..serving_draft import ServingDraft, host_memory_interval, load_serving_draft
 from .step_inputs import PromptLayouts, step_batch
@@ -75,10 +76,15 @@ class SparrowSpeculator(DraftModelSpeculator):
         return self.served.model
 
     def init_cudagraph_manager(self, cudagraph_mode) -> None:
-        pass  # the decode step's graphs are the drafter's own (drafting/graphs.py), captured in capture()
+        pass  # the decode step's graphs are the drafter's own (drafting/graphs.py), captured at load
 
     def capture(self) -> None:
-        self.served.drafting.capture()
+        pass  # the decode step's graphs were captured when the draft loaded (serving_draft.py)
+
+    @property
+    def sparrow_core(self):
+        """The drafter this speculator drafts with (measurement tools: engine_stats.py)."""
+        return self.served.drafter
 
     def sparrow_stats(self) -> dict:
         """The drafter's accounting (SparrowDrafter.stats, with the prompt layouts this glue holds
@@ -121,7 +127,8 @@ class SparrowSpeculator(DraftModelSpeculator):
         drafter = self.served.drafter
         if dummy_run:
             if is_profile:  # vLLM's memory profile: the draft's largest step is in its peak
-                drafter.profile_step(input_batch.num_tokens, self.max_num_reqs, K)
+                drafter.profile_step(input_batch.num_tokens, self.max_num_reqs, K, self.served.drafting,
+                                     self._profile_sampler())
             return out.zero_()
         batch = step_batch(drafter, self.layouts, input_batch, self.req_states.prompt_len.np, last_hidden_states,
                            num_sampled, num_rejected, last_sampled, next_prefill_tokens)
@@ -130,17 +137,18 @@ class SparrowSpeculator(DraftModelSpeculator):
                 drafter.commit(batch, K)
             return out.zero_()
         temp = temperature[input_batch.idx_mapping[:n]]  # [B] by batch row (vLLM's is by slot)
-        sample = greedy if self.draft_logits is None else sampled(temp, self.draft_generator)
-        drafts = drafter.step(batch, K, sample, self.served.drafting)
-        out.copy_(drafts.ids)
-        if drafts.probs is not None:
-            self._keep_draft_logits(input_batch.idx_mapping[:n], temp, drafts.probs)
+        sample = greedy if self.draft_logits is None else Sampled(
+            temp, self.draft_generator, LogitRows(self.draft_logits.values, input_batch.idx_mapping[:n],
+                                                  drafter.vocab_ids))
+        out.copy_(drafter.step(batch, K, sample, self.served.drafting).ids)
         return out
 
-    def _keep_draft_logits(self, slots: torch.Tensor, temp: torch.Tensor, probs: torch.Tensor) -> None:
-        """What the rejection sampler reads as each draft's distribution: values / T through a
-        softmax gives q back (values = T * log q); greedy rows (T ~ 0) are verified by argmax."""
-        values = self.draft_logits.values  # [max_num_reqs, K, vocab]
-        t = torch.where(temp < GREEDY_TEMPERATURE, 1.0, temp.float())[:, None, None]  # [B, 1, 1]
-        V = min(values.shape[-1], probs.shape[-1])
-        values[slots, :, :V] = (t * probs[..., :V].float().log()).to(values.dtype)
+    def _profile_sampler(self):
+        """The sampler of the profile's step: every request sampled when vLLM keeps draft logits
+        (the profile's requests write the cache's first rows: nothing reads them before the first
+        real step)."""
+        if self.draft_logits is None:
+            return greedy
+        rows = torch.arange(self.max_num_reqs, device=self.device) % self.draft_logits.values.shape[0]
+        return Sampled(torch.ones(self.max_num_reqs, device=self.device), self.draft_generator,
+                       LogitRows(self.draft_logits.values, rows, self.served.drafter.vocab_ids))

@@ -1,17 +1,20 @@
 """`sparrow tune`: the depth per batch size comes from the draft's held-out replay and the step
-costs vLLM measures; a costly verifier buys a shorter depth, a free one the longest; the plugin
-serves the written schedule unless the user gives a depth."""
+costs vLLM measures, the draft's share and the verifier's apart; a costly verifier buys a shorter
+depth, a free one the longest; where drafting is dear and verifying cheap a tree would pay, and
+the reverse keeps the chain; the plugin serves the written schedule unless the user gives a depth."""
 
 import json
 import os
 import shutil
+
+import pytest
 import subprocess
 import sys
 from pathlib import Path
 
 from conftest import DEMO_MODELS as DEMO
 from vllm_sparrow.training.acceptance import AcceptanceEstimate
-from vllm_sparrow.training.depth import depth_schedule
+from vllm_sparrow.training.depth import depth_schedule, tree_verdict
 from vllm_sparrow.training.step_cost import StepCost
 
 DEMO_MODELS = Path(DEMO)
@@ -28,11 +31,38 @@ def test_a_costly_verifier_buys_a_shorter_depth_and_a_free_one_the_longest():
     costly = StepCost(16, {1: 0.030, 8: 0.170})  # a drafted token costs twice the fixed part
     per_token = {c.batch: c.per_token for c in (free, cheap, costly)}
     assert per_token[1] == 0.0 and 0.0 < per_token[4] < per_token[16]
-    schedule = depth_schedule(est, per_token)
+    schedule = depth_schedule(est, {b: (0.0, cost) for b, cost in per_token.items()})
     depth = {lo: d for lo, _, d in schedule}
     assert schedule[0][:2] == [1, 3] and depth[1] == 8, schedule  # free: the longest the replay measured
     assert 1 < depth[4] < 8 and depth[16] == 1, schedule  # dearer tokens, shorter drafts
     assert schedule[-1][1] == 16  # vLLM carries the last depth on to larger batches
+
+
+def test_the_drafters_own_time_splits_a_token_into_its_draft_and_verify_shares():
+    cost = StepCost(1, {1: 0.012, 8: 0.026}, draft_seconds={1: 0.002, 8: 0.009})  # 2 ms a token, 1 of it drafting
+    fixed, per_token = cost.line()
+    assert fixed == pytest.approx(0.010) and per_token == pytest.approx(0.002)
+    assert cost.draft_token == pytest.approx(0.1) and cost.verify_token == pytest.approx(0.1)
+    assert cost.per_token == pytest.approx(0.2)
+    assert StepCost(1, {1: 0.01, 8: 0.02}).draft_token == 0.0  # drafter not timed: all of it counted as verifying
+
+
+def test_a_tree_pays_where_drafting_is_dear_and_verifying_cheap_and_not_the_reverse():
+    """The chain's depth sees only d + v, but a tree verifies N nodes after D draft forwards: with
+    the same sum, a cheap verifier and a costly draft choose the tree, the reverse the chain."""
+    chains = {k: t for k, t in enumerate([1.85, 2.53, 3.08, 3.53, 3.91, 4.23, 4.50, 4.73], 1)}
+    trees = {16: (5.9, 8), 32: (6.5, 8)}  # a search of depth 8 verifying its 16 / 32 best nodes
+    cheap_verify = tree_verdict(chains, trees, d=0.25, v=0.01)
+    costly_verify = tree_verdict(chains, trees, d=0.01, v=0.25)
+    assert cheap_verify.best.startswith("tree") and costly_verify.best.startswith("chain"), (cheap_verify, costly_verify)
+    # the chain alone cannot tell the two machines apart (d + v = 0.26 on both)
+    assert depth_schedule(REPLAY, {1: (0.25, 0.01)}) == depth_schedule(REPLAY, {1: (0.01, 0.25)})
+    # break-even: at this d a tree wins below its v and loses above it
+    for n, v_star in cheap_verify.break_even_v.items():
+        assert v_star is not None and 0.01 < v_star < 0.25
+        above = tree_verdict(chains, {n: trees[n]}, d=0.25, v=v_star * 1.05)
+        below = tree_verdict(chains, {n: trees[n]}, d=0.25, v=v_star * 0.95)
+        assert above.best.startswith("chain") and below.best == f"tree {n}"
 
 
 def test_noisy_timings_never_make_drafted_tokens_free_of_charge():
@@ -74,8 +104,15 @@ def test_tune_measures_steps_in_vllm_and_writes_the_schedule_its_costs_choose(tm
     assert starts == ["round 1, depth 1", "round 1, depth 8", "round 2, depth 8", "round 2, depth 1"], starts
     replay = result["replay"]
     est = AcceptanceEstimate(replay["drafts"], sum(replay["per_position"]), replay["per_position"])
-    expected = depth_schedule(est, {r["batch"]: r["per_token_cost"] for r in result["costs"]})
+    for row in result["costs"]:  # the drafter's own share, timed inside the same steps
+        assert set(row["draft_ms_per_step"]) == {"1", "8"} and 0 < row["draft_ms_per_step"]["1"] < row["ms_per_step"]["1"]
+        assert row["draft_token_cost"] + row["verify_token_cost"] == pytest.approx(row["per_token_cost"], abs=2e-4)
+    expected = depth_schedule(est, {r["batch"]: (r["draft_token_cost"], r["verify_token_cost"])
+                                    for r in result["costs"]})
     assert result["schedule"] == expected, (result, expected)  # the measured costs made the choice
+    trees = result["trees"]
+    assert trees["points"] > 0 and set(trees["tau"]) == {"8", "16", "32"}
+    assert set(trees["verdicts"]) == {"1", "3"} and "tree verification" in done.stdout
     assert "num_speculative_tokens_per_batch_size" in done.stdout
     written = json.loads((draft / "config.json").read_text())
     assert written["depth_per_batch_size"] == result["schedule"]

@@ -25,12 +25,79 @@ def spec_counters(llm) -> dict[str, Any]:
     return out
 
 
-def _drafter_stats(worker) -> dict:
+def _glue(worker):
+    """The worker's Sparrow glue: the V1 runner's proposer (vLLM 0.32, 0.33) or the V2 runner's
+    speculator (0.34); None when the engine does not draft with sparrow."""
     runner = worker.model_runner
-    # the V1 runner's proposer (vLLM 0.32, 0.33) or the V2 runner's speculator (0.34)
     glue = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
-    stats = getattr(glue, "sparrow_stats", None)
-    return stats() if stats is not None else {}
+    return glue if hasattr(glue, "sparrow_stats") else None
+
+
+def _drafter_stats(worker) -> dict:
+    glue = _glue(worker)
+    return glue.sparrow_stats() if glue is not None else {}
+
+
+def _time_drafting(worker) -> bool:
+    """Wrap the worker's drafter so each step's drafting time (commit and draft, device work
+    included: synchronised on CUDA) is kept in its `seconds_per_step` list."""
+    import time
+
+    import torch
+
+    glue = _glue(worker)
+    if glue is None:
+        return False
+    drafter = glue.sparrow_core
+    if getattr(drafter, "seconds_per_step", None) is not None:
+        return True
+    cuda = drafter.device.type == "cuda"
+    step, commit = drafter.step, drafter.commit
+    drafter.seconds_per_step = []
+    inside = [False]  # a step's own commit is part of the step: timed once, from the outside
+
+    def timed(fn):
+        def run(*args, **kwargs):
+            if inside[0]:
+                return fn(*args, **kwargs)
+            inside[0] = True
+            try:
+                if cuda:
+                    torch.cuda.synchronize(drafter.device)
+                t = time.perf_counter()
+                out = fn(*args, **kwargs)
+                if cuda:
+                    torch.cuda.synchronize(drafter.device)
+                drafter.seconds_per_step.append(time.perf_counter() - t)
+                return out
+            finally:
+                inside[0] = False
+        return run
+
+    drafter.step, drafter.commit = timed(step), timed(commit)  # commit alone: a step with no drafts (0.34)
+    return True
+
+
+def _drafting_seconds(worker) -> list[float]:
+    glue = _glue(worker)
+    seconds = getattr(glue.sparrow_core, "seconds_per_step", None) if glue is not None else None
+    if not seconds:
+        return []
+    taken = list(seconds)
+    seconds.clear()
+    return taken
+
+
+def time_drafting(llm) -> bool:
+    """From now on keep the time of every draft step the engine's drafter runs (measurement runs:
+    `sparrow tune`, the benchmark); False when the engine does not draft with sparrow."""
+    return bool(llm.collective_rpc(_time_drafting)[0])
+
+
+def drafting_seconds(llm) -> list[float]:
+    """Seconds of each draft step since time_drafting(llm) or the last call, in order (one per
+    engine step that drafted); the worker forgets them."""
+    return llm.collective_rpc(_drafting_seconds)[0]
 
 
 def drafter_stats(llm) -> dict[str, Any]:

@@ -57,24 +57,82 @@ def choose_depth(est: AcceptanceEstimate, draft_step_cost: float, verify_token_c
     return DepthChoice(1 + speed.index(max(speed)), tokens, speed)
 
 
-def depth_schedule(est: AcceptanceEstimate, per_token_cost: dict[int, float]) -> list[list[int]]:
-    """vLLM's per-batch-size schedule [[first batch size, last, depth], ...] from one replay and
-    the cost of one more drafted-and-verified token at each measured batch size (relative to the
-    step's fixed cost there: `step_cost.StepCost.per_token`). Each measured batch size's depth
-    covers it up to the next one's; the last reaches every larger batch (vLLM carries it on).
-    Worked example: costs {1: 0.05, 16: 0.4, 64: 2.0} with the docstring's replay give depths
-    4, 2, 1: [[1, 15, 4], [16, 63, 2], [64, 64, 1]]."""
-    sizes = sorted(per_token_cost)
+def depth_schedule(est: AcceptanceEstimate, token_costs: dict[int, tuple[float, float]]) -> list[list[int]]:
+    """vLLM's per-batch-size schedule [[first batch size, last, depth], ...] from one replay and,
+    at each measured batch size, the cost of one more draft forward and of one more verified
+    token (relative to the step's fixed cost there: `step_cost.StepCost.draft_token` and
+    `verify_token`). Each measured batch size's depth covers it up to the next one's; the last
+    reaches every larger batch (vLLM carries it on).
+    Worked example: costs {1: (0.03, 0.02), 16: (0.1, 0.3), 64: (0.5, 1.5)} (their sums 0.05, 0.4,
+    2.0) with the module docstring's replay give depths 4, 2, 1: [[1, 15, 4], [16, 63, 2], [64, 64, 1]]."""
+    sizes = sorted(token_costs)
     if not sizes or sizes[0] != 1:
         raise ValueError(f"measure batch size 1 first (vLLM's schedule starts there), got {sizes}")
     entries = []
     for size, nxt in zip(sizes, sizes[1:] + [sizes[-1] + 1]):
-        depth = choose_depth(est, per_token_cost[size], 0.0).depth  # the speed only sees their sum
+        depth = choose_depth(est, *token_costs[size]).depth
         if entries and entries[-1][2] == depth:
             entries[-1][1] = nxt - 1  # same depth as the batch sizes below: one range
         else:
             entries.append([size, nxt - 1, depth])
     return entries
+
+
+@dataclass
+class TreeVerdict:
+    """Would verifying a tree pay on a machine with these costs (the rule of docs/benchmarks.md):
+    a plan that verifies N tokens after D sequential draft forwards reaches tau tokens per step and
+    tau / (1 + N v + D d) per unit of step cost (v: one more verified token, d: one more draft
+    forward, both relative to a one-token step); a chain of k has N = D = k."""
+
+    draft_forward_cost: float  # d
+    verify_token_cost: float  # v
+    best_chain: int  # k of the best chain at (d, v)
+    chain_speed: float  # its tokens per unit of step cost
+    tree_speed: dict[int, float]  # nodes N -> tokens per unit of step cost
+    break_even_v: dict[int, float | None]  # N -> the v below which the tree beats every chain (None: never)
+
+    @property
+    def best(self) -> str:
+        """"chain k" or "tree N": the plan with the most tokens per unit of step cost."""
+        if not self.tree_speed:
+            return f"chain {self.best_chain}"
+        n, speed = max(self.tree_speed.items(), key=lambda kv: kv[1])
+        return f"tree {n}" if speed > self.chain_speed else f"chain {self.best_chain}"
+
+
+def plan_speed(tau: float, verified: int, forwards: int, d: float, v: float) -> float:
+    return tau / (1 + verified * v + forwards * d)
+
+
+def tree_verdict(chains: dict[int, float], trees: dict[int, tuple[float, int]], d: float, v: float,
+                 v_max: float = 4.0) -> TreeVerdict:
+    """chains: depth k -> tau; trees: nodes N -> (tau, D draft forwards). The best chain and each
+    tree at (d, v), and each tree's break-even v at this d (bisection below v_max: a tree verifies
+    more tokens than the chains it competes with, so it wins below some v and loses above it)."""
+
+    def best_chain(v_: float) -> tuple[int, float]:
+        return max(((k, plan_speed(t, k, k, d, v_)) for k, t in chains.items()), key=lambda kv: kv[1])
+
+    def margin(n: int, v_: float) -> float:
+        tau, forwards = trees[n]
+        return plan_speed(tau, n, forwards, d, v_) - best_chain(v_)[1]
+
+    k, speed = best_chain(v)
+    even = {}
+    for n in trees:
+        if margin(n, 0.0) <= 0:
+            even[n] = None  # not even free verification makes it pay
+            continue
+        lo, hi = 0.0, v_max
+        if margin(n, hi) > 0:
+            even[n] = v_max  # wins everywhere measured
+            continue
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if margin(n, mid) > 0 else (lo, mid)
+        even[n] = lo
+    return TreeVerdict(d, v, k, speed, {n: plan_speed(t, n, D, d, v) for n, (t, D) in trees.items()}, even)
 
 
 def replay_depth(speculative_tokens: int | None) -> int:

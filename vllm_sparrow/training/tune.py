@@ -5,14 +5,17 @@ the draft's held-out acceptance, written into its config.json for the plugin to 
 
 1. Cost (step_cost.py): vLLM serves the draft at depth 1 and at `max_depth` on this machine,
    with the held-out samples' own prompts (their videos, so the verify step attends over the
-   context users send), and times the decode steps at each batch size; each depth's engine is
-   started `rounds` times and its fastest start counts.
+   context users send), and times the decode steps at each batch size and the drafter's share of
+   them, so one more drafted token's cost is known as a draft forward's and a verified token's;
+   each depth's engine is started `rounds` times and its fastest start counts.
 2. Replay (acceptance.py), once the engines are closed: the draft drafts chains of `max_depth`
    tokens on the capture's held-out tail, which gives the expected tokens per step at every
-   depth (depth.py).
+   depth (depth.py); and trees of `tree_nodes` nodes from an EAGLE-2 search (tree_replay.py).
 3. Choice: at each batch size, the depth with the most tokens per unit of step cost; written as
    vLLM's num_speculative_tokens_per_batch_size schedule (`depth_per_batch_size`) and the batch-1
    depth as `speculative_tokens`. A user's own num_speculative_tokens or schedule still wins.
+   Beside it, per batch size, whether verifying a tree would pay at these draft and verify costs
+   (depth.tree_verdict: vLLM verifies chains only, so this is reported, not served).
 4. Stop threshold: adaptive length (`stop_confidence`) calibrated on the same held-out samples at
    the batch-1 depth, with batch 1's measured cost of a drafted token as the price of verifying
    one (`sparrow calibrate-stop`'s choice, from this machine's costs instead of a guess); None
@@ -42,6 +45,10 @@ def batch_sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def node_counts(text: str) -> tuple[int, ...]:
+    return tuple(sorted({int(s) for s in str(text).split(",") if s.strip()}))
+
+
 @dataclass
 class TuneConfig:
     """`sparrow tune`: every option is a field here (knobs.py)."""
@@ -56,6 +63,10 @@ class TuneConfig:
                                        "up to the next)")
     max_depth: int = knob(MAX_SPECULATIVE_TOKENS, "deepest depth considered (the replay's depth; the cost is "
                                                   "measured at 1 and at this)")
+    tree_nodes: tuple[int, ...] = knob((8, 16, 32), parse=node_counts,
+                                       help="tree sizes whose verification is priced against the chain, "
+                                            "comma-separated (empty: none)")
+    tree_topk: int = knob(4, "children per node of the replayed tree search")
     steps: int = knob(12, "decode steps timed per batch size and depth")
     rounds: int = knob(2, "engine starts per depth, alternating depths; each depth costs its fastest start's "
                           "time (engines vary from start to start)")
@@ -71,6 +82,7 @@ class TuneResult:
     replay: AcceptanceEstimate
     tokens_per_step: list[float]  # [max_depth] expected tokens per step drafting 1..max_depth
     costs: list[dict] = field(default_factory=list)  # step_cost.describe rows
+    trees: dict[str, Any] = field(default_factory=dict)  # the tree replay and, per batch size, the tree verdict
     schedule: list[list[int]] = field(default_factory=list)  # [[first batch, last, depth], ...]
     stop_confidence: float | None = None  # adaptive length's threshold; None: off
     stop_scores: dict[str, float] = field(default_factory=dict)  # threshold ("off") -> tokens per unit cost
@@ -82,7 +94,12 @@ class TuneResult:
         for c in self.costs:
             depth = depth_at.get(c["batch"], self.schedule[-1][2])
             rows.append(f"batch {c['batch']}: {c['fixed_ms']:.2f} ms per step + {c['per_token_ms']:.2f} ms per drafted "
-                        f"token ({c['per_token_cost']:.3f} of a step) -> depth {depth}")
+                        f"token ({c['per_token_cost']:.3f} of a step: draft {c['draft_token_cost']:.3f}, verify "
+                        f"{c['verify_token_cost']:.3f}) -> depth {depth}")
+            verdict = self.trees.get("verdicts", {}).get(str(c["batch"]))
+            if verdict:
+                rows.append(f"  tree verification (not served: vLLM verifies chains) would be best as "
+                            f"{verdict['best']}; break-even verify cost per tree: {verdict['break_even_v']}")
         rows.append(f"num_speculative_tokens_per_batch_size: {json.dumps(self.schedule)}")
         scores = ", ".join(f"{t} {v:.3f}" for t, v in self.stop_scores.items())
         rows.append(f"stop_confidence: {self.stop_confidence} (tokens per unit cost at batch 1: {scores})")
@@ -104,8 +121,13 @@ def tune(cfg: TuneConfig, progress=print) -> TuneResult:
     est = estimate_acceptance(draft, target, held_out, cfg.max_depth)
     tokens = choose_depth(est, 0.0, 0.0).tokens_per_step
     progress(f"replay: {est.drafts} drafts, tokens per step at depth {cfg.max_depth}: {tokens[-1]:.2f}")
-    result = TuneResult(est, tokens, describe(costs), depth_schedule(est, {c.batch: c.per_token for c in costs}))
+    result = TuneResult(est, tokens, costs=describe(costs),
+                        schedule=depth_schedule(est, {c.batch: (c.draft_token, c.verify_token) for c in costs}))
+    if cfg.tree_nodes:
+        result.trees = _tree_verdicts(cfg, draft, target, held_out, tokens, costs, progress)
     depth, batch1 = result.schedule[0][2], next(c for c in costs if c.batch == 1)
+    # at batch 1 a chain that stops saves both the draft forward and the verification of each token
+    # it does not draft: their sum is the price
     stop, scores = calibrate_stop_confidence(draft, target, held_out, depth, batch1.per_token)
     result.stop_confidence, result.stop_scores = stop, {str(t): v for t, v in scores.items()}
     progress(f"stop_confidence at depth {depth}: {stop if stop is not None else 'off (drafting every token scores best)'}")
@@ -116,10 +138,32 @@ def tune(cfg: TuneConfig, progress=print) -> TuneResult:
 
         atomic_write_json(Path(cfg.out), {"draft": cfg.draft, "capture": cfg.capture, "max_depth": cfg.max_depth,
                                           "replay": {"drafts": est.drafts, "per_position": est.per_position},
-                                          "tokens_per_step": tokens, "costs": result.costs,
+                                          "tokens_per_step": tokens, "costs": result.costs, "trees": result.trees,
                                           "schedule": result.schedule, "stop_confidence": stop,
                                           "stop_scores": result.stop_scores})
     return result
+
+
+def _tree_verdicts(cfg: TuneConfig, draft, target, held_out, tokens: list[float], costs, progress) -> dict:
+    """The tree replay on the held-out samples and, at each batch size's measured draft and verify
+    costs, the tree verdict (depth.tree_verdict: chains of every depth against each tree, which
+    takes max_depth draft forwards and verifies its N nodes)."""
+    from dataclasses import asdict
+
+    from .depth import tree_verdict
+    from .tree_replay import replay_trees
+
+    replay = replay_trees(draft, target, held_out, cfg.max_depth, cfg.tree_topk, cfg.tree_nodes)
+    chains = {k: t for k, t in enumerate(tokens, 1)}
+    trees = {n: (replay.tau("tree", n), cfg.max_depth) for n in cfg.tree_nodes}
+    verdicts = {}
+    for c in costs:
+        v = tree_verdict(chains, trees, c.draft_token, c.verify_token)
+        verdicts[str(c.batch)] = {**asdict(v), "best": v.best}
+    progress(f"tree replay: {replay.points} verify points, tau " +
+             ", ".join(f"tree {n} {t:.2f}" for n, (t, _) in trees.items()))
+    return {"topk": cfg.tree_topk, "points": replay.points, "tau": {str(n): t for n, (t, _) in trees.items()},
+            "verdicts": verdicts}
 
 
 def _held_out(cfg: TuneConfig, target_dir: str):

@@ -78,10 +78,10 @@ class LongStage:
     as the benchmark's (the extension's reach 4,096 visual tokens and 24,960 only by stretched
     positions), from a fresh AdamW with its own warmup and cosine over `steps`.
 
-    Its budget is steps, not minutes: one step costs 2 to 50 s by its clip's length (attention
-    is quadratic in it), so a time budget would train another number of long steps, and another
-    model, whenever the machine is busier; a step budget gives the same model on any machine
-    and under any load, and a kill resumes to the same weights.
+    Its budget is steps, not minutes: one step costs under 1 s to 46 s by its clip's length
+    (attention is quadratic in it), so a time budget would train another number of long steps,
+    and another model, whenever the machine is busier; a step budget gives the same model on any
+    machine and under any load, and a kill resumes to the same weights.
 
     The vision tower is frozen: it reads each 1 s temporal patch on its own (attention inside a
     patch only), so a long clip shows it nothing a short one does not, and freezing it spares its

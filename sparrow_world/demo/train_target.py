@@ -184,7 +184,7 @@ def train_target(out: str | Path, cfg: TargetTrainConfig, resume: bool = False,
     folder = None
     if cfg.long.steps and start_from is not None and not _stage1_finished(state_dir, cfg, resume):
         folder = Path(start_from)
-        print(f"no finished stage-1 checkpoint in {state_dir}: the long stage starts from {folder}'s weights",
+        print(f"no finished stage-1 checkpoint in {state_dir}: the long stage's start is {folder}'s weights",
               flush=True)
     else:
         _train_stage1(out, cfg, resume, state_dir)

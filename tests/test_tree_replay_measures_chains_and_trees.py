@@ -50,3 +50,39 @@ def test_the_replay_reports_how_sure_the_target_is_of_its_response():
     sharper = IO()
     sharper.head = io.head * 4  # same greedy choices, surer of each
     assert replay_trees(model, sharper, [sample], max_depth=D, topk=3, tree_nodes=(1,)).target_top1 > r.target_top1
+
+
+def test_chains_and_the_search_run_to_their_own_depths():
+    model, io = tiny_draft(), IO()
+    r = replay_trees(model, io, [greedy_sample(io, m=60)], max_depth=D + 4, topk=3, tree_nodes=(2, 8),
+                     search_depth=3)
+    assert sorted(r.chain) == list(range(1, D + 5)) and sorted(r.search) == [1, 2, 3] and r.search_depth == 3
+    assert r.search[1] == r.chain[1]
+
+
+def test_sample_and_match_counts_along_the_captured_path():
+    from vllm_sparrow.training.tree_replay import _sampled_accepted
+
+    p = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3], [0.2, 0.2, 0.6]])  # p at each step of truth 0 2 2
+    # the module's worked example: chain 0 1 against truth 0 2: p0(0) + p0(0) p1(1)
+    assert abs(_sampled_accepted([[0], [0, 1]], p, [0, 2, 2]) - (0.5 + 0.5 * 0.6)) < 1e-6
+    # a tree with both children at depth 2 and the path going on: 0.5 + 0.5 (0.6 + 0.3) + 0.5 * 0.3 * 0.6
+    tree = [[0], [0, 1], [0, 2], [0, 2, 2]]
+    assert abs(_sampled_accepted(tree, p, [0, 2, 2]) - (0.5 + 0.5 * 0.9 + 0.5 * 0.3 * 0.6)) < 1e-6
+    assert _sampled_accepted([[1]], p, [0, 2, 2]) == _sampled_accepted([[1], [1, 0]], p, [0, 2, 2])  # off-path: ends
+
+
+def test_sampled_replay_tends_to_the_greedy_one_as_the_temperature_falls_and_trees_never_accept_less():
+    model, io = tiny_draft(), IO()
+    sample = greedy_sample(io, m=60)
+    cold = replay_trees(model, io, [sample], max_depth=D, topk=3, tree_nodes=(1, 4, 16), temperature=1e-4)
+    for d in range(1, D + 1):
+        assert abs(cold.sampled_chain[d] - cold.chain[d]) < 1e-3, d
+    for n in (1, 4, 16):
+        assert abs(cold.sampled_tree[n] - cold.tree[n]) < 1e-3, n
+    warm = replay_trees(model, io, [sample], max_depth=D, topk=3, tree_nodes=(1, 4, 16), temperature=0.7)
+    trees = [warm.sampled_tree[n] for n in (1, 4, 16)]
+    chains = [warm.sampled_chain[d] for d in range(1, D + 1)]
+    assert trees == sorted(trees) and chains == sorted(chains), (trees, chains)
+    # sampling accepts some tokens the greedy target would not (any token with p > 0 can match)
+    assert warm.sampled_tree[16] > cold.sampled_tree[16] or warm.sampled_chain[1] != cold.sampled_chain[1]

@@ -96,16 +96,16 @@ def test_tune_measures_steps_in_vllm_and_writes_the_schedule_its_costs_choose(tm
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     tokens = result["tokens_per_step"]
-    assert len(tokens) == 8 and tokens == sorted(tokens) and tokens[-1] > 3, tokens  # the trained draft accepts
+    assert len(tokens) == 16 and tokens == sorted(tokens) and tokens[-1] > 3, tokens  # the trained draft accepts
     for row in result["costs"]:  # both depths timed at both batch sizes, in vLLM, in two engine starts each
-        assert set(row["ms_per_step"]) == {"1", "8"} and all(ms > 0 for ms in row["ms_per_step"].values()), row
+        assert set(row["ms_per_step"]) == {"1", "16"} and all(ms > 0 for ms in row["ms_per_step"].values()), row
         assert all(len(ms) == 2 and row["ms_per_step"][k] == min(ms) for k, ms in row["ms_per_step_rounds"].items())
     starts = [line.split(", batch")[0] for line in done.stdout.splitlines() if ", batch 1:" in line]
-    assert starts == ["round 1, depth 1", "round 1, depth 8", "round 2, depth 8", "round 2, depth 1"], starts
+    assert starts == ["round 1, depth 1", "round 1, depth 16", "round 2, depth 16", "round 2, depth 1"], starts
     replay = result["replay"]
     est = AcceptanceEstimate(replay["drafts"], sum(replay["per_position"]), replay["per_position"])
     for row in result["costs"]:  # the drafter's own share, timed inside the same steps
-        assert set(row["draft_ms_per_step"]) == {"1", "8"} and 0 < row["draft_ms_per_step"]["1"] < row["ms_per_step"]["1"]
+        assert set(row["draft_ms_per_step"]) == {"1", "16"} and 0 < row["draft_ms_per_step"]["1"] < row["ms_per_step"]["1"]
         assert row["draft_token_cost"] + row["verify_token_cost"] == pytest.approx(row["per_token_cost"], abs=2e-4)
     expected = depth_schedule(est, {r["batch"]: (r["draft_token_cost"], r["verify_token_cost"])
                                     for r in result["costs"]})
@@ -113,6 +113,11 @@ def test_tune_measures_steps_in_vllm_and_writes_the_schedule_its_costs_choose(tm
     trees = result["trees"]
     assert trees["points"] > 0 and set(trees["tau"]) == {"8", "16", "32"}
     assert set(trees["verdicts"]) == {"1", "3"} and "tree verification" in done.stdout
+    # beside this machine's choice, what the same replay picks on the reference GPU's costs
+    from vllm_sparrow.training import gpu_costs
+
+    assert result["reference"]["schedule"] == depth_schedule(est, gpu_costs.COSTS)
+    assert "on the reference GPU" in done.stdout and set(result["reference"]["trees"]) == {"1", "8", "32"}
     assert "num_speculative_tokens_per_batch_size" in done.stdout
     written = json.loads((draft / "config.json").read_text())
     assert written["depth_per_batch_size"] == result["schedule"]

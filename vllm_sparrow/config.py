@@ -19,7 +19,11 @@ from .durable import atomic_write_text
 SPECULATORS_MODEL_TYPE = "sparrow"
 DRAFT_ARCHITECTURE = "SparrowDraftModel"
 CONFIG_FILE = "config.json"
-MAX_SPECULATIVE_TOKENS = 8  # deepest chain a Sparrow draft is served at (README, docs/serving.md)
+# The deepest chain a Sparrow draft is served at, and the one limit every command takes (the plugin's
+# start-up check, sparrow caption / bench / tune, the training replay and the depth it records):
+# vLLM's rejection sampler verifies chains up to 128, and the hard world's replay still gains from
+# depth 8 to 16 (docs/benchmarks.md, the depth and tree tables).
+MAX_SPECULATIVE_TOKENS = 16
 
 
 # config.json fields read into SparrowConfig (from_json_dict); the shape fields must be there.

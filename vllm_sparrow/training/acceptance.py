@@ -37,9 +37,11 @@ class AcceptanceEstimate:
 
 def _verify(est: AcceptanceEstimate, drafts: list[int], tokens, greedy, c: int) -> int:
     """Greedy verification of one chain after verified token c: draft i proposes token c+1+i and
-    is accepted while it equals the target's choice (and the stream follows that choice)."""
+    is accepted while it equals the target's choice (and the stream follows that choice). Near
+    the response's end the drafts past its last token are rejected, as vLLM's are past the end of
+    a request (a deep chain is drafted whole at every step, its end included)."""
     accepted = 0
-    for i, draft in enumerate(drafts):
+    for i, draft in enumerate(drafts[: len(tokens) - 1 - c]):
         if draft != int(greedy[c + i]) or int(tokens[c + 1 + i]) != int(greedy[c + i]):
             break
         accepted += 1
@@ -72,7 +74,7 @@ def _replay(draft, target, sample, k: int, est: AcceptanceEstimate) -> None:
                              hidden.device, hidden.dtype, max_requests=1, max_draft_tokens=k,
                              max_text_tokens=m + k + 1)
     lo, c = 0, p  # rows to feed start at lo; c = index of the newest verified token
-    while c + k < m:
+    while c < m - 1:  # a response token is still to come
         batch = StepBatch.from_lists(["r"], tokens[lo:c], hidden[lo:c], [0], [c - lo], [lo], [p],
                           tokens[c : c + 1], [False])
         drafts = drafter.step(batch, k).ids
@@ -104,8 +106,8 @@ def estimate_acceptance_full_stream(draft, target, samples, k: int) -> Acceptanc
         proposals = [target.logits(s.outputs).argmax(-1) for s in stages]  # k x [m-2]
         greedy = target.logits(hidden).argmax(-1)  # [m]
         c = int(sample["prompt_len"])  # first response token: sampled after the prefill
-        while c + k < m:
-            c += _verify(est, [int(proposals[i][c - 1 + i]) for i in range(k)], tokens, greedy, c) + 1
+        while c < m - 1:  # (stage s's proposals exist for entries up to m - 3: the end's are cut)
+            c += _verify(est, [int(proposals[i][c - 1 + i]) for i in range(min(k, m - 1 - c))], tokens, greedy, c) + 1
     draft.train(was_training)
     return est
 
@@ -132,8 +134,8 @@ def estimate_acceptance_eagle3(draft, draft_io, target_io, samples, k: int, stre
         greedy = torch.full((m,), -1, dtype=torch.long, device=dev)  # the target's choice after each text token
         greedy[~is_visual] = target_io.logits(sample["text_hidden"].float().to(dev)).argmax(-1)
         c = int(sample["prompt_len"])
-        while c + k < m:
-            c += _verify(est, [int(proposals[i][c - 1 + i]) for i in range(k)], tokens, greedy, c) + 1
+        while c < m - 1:
+            c += _verify(est, [int(proposals[i][c - 1 + i]) for i in range(min(k, m - 1 - c))], tokens, greedy, c) + 1
     draft.train(was_training)
     return est
 
@@ -176,7 +178,7 @@ def calibrate_stop_confidence(draft: SparrowDraftModel, target, samples, k: int,
         drafter = SparrowDrafter(draft, OwnTokenIO(draft, target), (), TorchWindowAttention(), hidden.device,
                                  hidden.dtype, max_requests=1, max_draft_tokens=k, max_text_tokens=m + k + 1)
         lo, c = 0, p
-        while c + k < m:
+        while c < m - 1:  # as the replay: a response token is still to come
             batch = StepBatch.from_lists(["r"], tokens[lo:c], hidden[lo:c], [0], [c - lo], [lo], [p],
                                          tokens[c : c + 1], [False])
             drafts = drafter.step(batch, k, drafting=_WITH_CONFIDENCE)

@@ -15,7 +15,8 @@ the draft's held-out acceptance, written into its config.json for the plugin to 
    vLLM's num_speculative_tokens_per_batch_size schedule (`depth_per_batch_size`) and the batch-1
    depth as `speculative_tokens`. A user's own num_speculative_tokens or schedule still wins.
    Beside it, per batch size, whether verifying a tree would pay at these draft and verify costs
-   (depth.tree_verdict: vLLM verifies chains only, so this is reported, not served).
+   (depth.tree_verdict: vLLM verifies chains only, so this is reported, not served), and what the
+   same replay would choose on a reference GPU's costs (gpu_costs.py).
 4. Stop threshold: adaptive length (`stop_confidence`) calibrated on the same held-out samples at
    the batch-1 depth, with batch 1's measured cost of a drafted token as the price of verifying
    one (`sparrow calibrate-stop`'s choice, from this machine's costs instead of a guess); None
@@ -67,6 +68,7 @@ class TuneConfig:
                                        help="tree sizes whose verification is priced against the chain, "
                                             "comma-separated (empty: none)")
     tree_topk: int = knob(4, "children per node of the replayed tree search")
+    tree_search_depth: int = knob(8, "levels of the replayed tree search (a tree's sequential draft forwards)")
     steps: int = knob(12, "decode steps timed per batch size and depth")
     rounds: int = knob(2, "engine starts per depth, alternating depths; each depth costs its fastest start's "
                           "time (engines vary from start to start)")
@@ -83,6 +85,7 @@ class TuneResult:
     tokens_per_step: list[float]  # [max_depth] expected tokens per step drafting 1..max_depth
     costs: list[dict] = field(default_factory=list)  # step_cost.describe rows
     trees: dict[str, Any] = field(default_factory=dict)  # the tree replay and, per batch size, the tree verdict
+    reference: dict[str, Any] = field(default_factory=dict)  # what the same replay chooses on gpu_costs.COSTS
     schedule: list[list[int]] = field(default_factory=list)  # [[first batch, last, depth], ...]
     stop_confidence: float | None = None  # adaptive length's threshold; None: off
     stop_scores: dict[str, float] = field(default_factory=dict)  # threshold ("off") -> tokens per unit cost
@@ -101,6 +104,10 @@ class TuneResult:
                 rows.append(f"  tree verification (not served: vLLM verifies chains) would be best as "
                             f"{verdict['best']}; break-even verify cost per tree: {verdict['break_even_v']}")
         rows.append(f"num_speculative_tokens_per_batch_size: {json.dumps(self.schedule)}")
+        if self.reference:
+            rows.append(f"on the {self.reference['name']}, it would be {json.dumps(self.reference['schedule'])}"
+                        + (f" (tree verification best there as {self.reference['trees']})" if self.reference.get("trees")
+                           else ""))
         scores = ", ".join(f"{t} {v:.3f}" for t, v in self.stop_scores.items())
         rows.append(f"stop_confidence: {self.stop_confidence} (tokens per unit cost at batch 1: {scores})")
         return "\n".join(rows)
@@ -125,6 +132,7 @@ def tune(cfg: TuneConfig, progress=print) -> TuneResult:
                         schedule=depth_schedule(est, {c.batch: (c.draft_token, c.verify_token) for c in costs}))
     if cfg.tree_nodes:
         result.trees = _tree_verdicts(cfg, draft, target, held_out, tokens, costs, progress)
+    result.reference = _on_reference_gpu(est, tokens, result.trees)
     depth, batch1 = result.schedule[0][2], next(c for c in costs if c.batch == 1)
     # at batch 1 a chain that stops saves both the draft forward and the verification of each token
     # it does not draft: their sum is the price
@@ -139,6 +147,7 @@ def tune(cfg: TuneConfig, progress=print) -> TuneResult:
         atomic_write_json(Path(cfg.out), {"draft": cfg.draft, "capture": cfg.capture, "max_depth": cfg.max_depth,
                                           "replay": {"drafts": est.drafts, "per_position": est.per_position},
                                           "tokens_per_step": tokens, "costs": result.costs, "trees": result.trees,
+                                          "reference": result.reference,
                                           "schedule": result.schedule, "stop_confidence": stop,
                                           "stop_scores": result.stop_scores})
     return result
@@ -153,17 +162,33 @@ def _tree_verdicts(cfg: TuneConfig, draft, target, held_out, tokens: list[float]
     from .depth import tree_verdict
     from .tree_replay import replay_trees
 
-    replay = replay_trees(draft, target, held_out, cfg.max_depth, cfg.tree_topk, cfg.tree_nodes)
+    replay = replay_trees(draft, target, held_out, cfg.max_depth, cfg.tree_topk, cfg.tree_nodes,
+                          search_depth=cfg.tree_search_depth)
     chains = {k: t for k, t in enumerate(tokens, 1)}
-    trees = {n: (replay.tau("tree", n), cfg.max_depth) for n in cfg.tree_nodes}
+    trees = {n: (replay.tau("tree", n), replay.search_depth) for n in cfg.tree_nodes}
     verdicts = {}
     for c in costs:
         v = tree_verdict(chains, trees, c.draft_token, c.verify_token)
         verdicts[str(c.batch)] = {**asdict(v), "best": v.best}
     progress(f"tree replay: {replay.points} verify points, tau " +
              ", ".join(f"tree {n} {t:.2f}" for n, (t, _) in trees.items()))
-    return {"topk": cfg.tree_topk, "points": replay.points, "tau": {str(n): t for n, (t, _) in trees.items()},
-            "verdicts": verdicts}
+    return {"topk": cfg.tree_topk, "search_depth": replay.search_depth, "points": replay.points,
+            "tau": {str(n): t for n, (t, _) in trees.items()}, "verdicts": verdicts}
+
+
+def _on_reference_gpu(est, tokens: list[float], trees: dict) -> dict:
+    """The depth schedule (and, with the tree replay, each batch size's best plan) the same replay
+    gives on the reference GPU's costs (gpu_costs.py), beside this machine's."""
+    from . import gpu_costs
+    from .depth import depth_schedule, tree_verdict
+
+    out: dict[str, Any] = {"name": gpu_costs.NAME, "costs": {str(b): list(c) for b, c in gpu_costs.COSTS.items()},
+                           "schedule": depth_schedule(est, gpu_costs.COSTS)}
+    if trees:
+        chains = {k: t for k, t in enumerate(tokens, 1)}
+        plans = {int(n): (t, trees["search_depth"]) for n, t in trees["tau"].items()}
+        out["trees"] = {str(b): tree_verdict(chains, plans, *c).best for b, c in gpu_costs.COSTS.items()}
+    return out
 
 
 def _held_out(cfg: TuneConfig, target_dir: str):

@@ -1,6 +1,7 @@
 """Every published benchmark number: its command, its JSON, and the tables made from it.
 
-    python benchmarks/publish.py run NAME [NAME ...]   # run NAME's command; keep its JSON; render
+    python benchmarks/publish.py run NAME [NAME ...]   # run NAME's command (its --out emptied first: one run); keep
+                                                       # its JSON; render. --resume: go on with an unfinished run
     python benchmarks/publish.py render                 # rewrite every published table and plot from the JSONs
     python benchmarks/publish.py check                  # exit 1 where a table differs from its JSON
 
@@ -401,6 +402,19 @@ def tree_replay(name: str = "tree-replay") -> str:
     return _table(header, rows) + "\n\n" + _source(name)
 
 
+def hard_build() -> str:
+    """The hard world's build time on this machine, stage by stage, from its build record."""
+    path = ROOT / "models" / "world-hard" / "build.json"
+    seconds = json.loads(path.read_text())["seconds"]
+
+    def span(s: float) -> str:
+        return f"{s / 3600:.1f} h" if s >= 5400 else f"{s / 60:.0f} min" if s >= 120 else f"{s:.0f} s"
+
+    rows = [[stage, span(s)] for stage, s in seconds.items()]
+    rows.append(["all stages", span(sum(seconds.values()))])
+    return _table(["stage", "time"], rows) + f"\n\nFrom `{path.relative_to(ROOT)}` (\"seconds\")."
+
+
 def hard_tree_replay() -> str:
     return tree_replay("hard-tree-replay")
 
@@ -511,7 +525,7 @@ def server_soak(name: str = "server-soak") -> str:
 
 VIEWS = {"readme-k3": readme_k3, "readme-depth": readme_depth, "readme-cache": readme_cache,
          "readme-hard": readme_hard, "readme-hard-cache": readme_hard_cache, "hard-quality": hard_quality,
-         "hard-k5": hard_k5, "hard-tree-replay": hard_tree_replay, "hard-trees": hard_trees,
+         "hard-k5": hard_k5, "hard-tree-replay": hard_tree_replay, "hard-trees": hard_trees, "hard-build": hard_build,
          "hard-depth": hard_depth, "hard-flatness": hard_flatness, "hard-tune": hard_tune,
          "hard-ablations": lambda: ablations("hard-ablations"), "hard-batch": lambda: batch("hard-batch"),
          "readme-trees": readme_trees, "quality": quality, "ablations": ablations, "ivsb-replay": ivsb_replay,
@@ -571,14 +585,24 @@ def check() -> list[str]:
     return [str(p.relative_to(ROOT)) for p, text in rendered_files().items() if not p.exists() or p.read_text() != text]
 
 
-def run(name: str) -> None:
+STAMP = "publish-run.json"  # in a run's --out folder (beside a JSON --out): its command, and whether it finished
+
+
+def run(name: str, resume: bool = False) -> None:
+    """Run NAME's command and keep its JSON. A published table is one run: the command's --out is
+    emptied first, so a bench never resumes from records an earlier run left there, unless
+    `resume` is asked and that folder holds this same command's run, started by publish and not
+    finished (a run killed partway: resuming it keeps it one run of one command)."""
     command, minutes = RUNS[name]
     argv = shlex.split(command)
     argv = ([sys.executable, "-m", "vllm_sparrow.cli"] + argv[1:] if argv[0] == "sparrow"
             else [sys.executable] + argv[1:])
+    out = ROOT / argv[argv.index("--out") + 1]  # a bench's folder, or a JSON file (sparrow tune --out)
+    stamp = out.with_name(out.name + "." + STAMP) if out.suffix == ".json" else out / STAMP
+    _start_clean(name, command, stamp, out, resume)
     print(f"[publish] {name}: {command} (about {minutes} min here)", flush=True)
     subprocess.run(argv, cwd=ROOT, check=True)
-    out = ROOT / argv[argv.index("--out") + 1]  # a bench's folder, or a JSON file (sparrow tune --out)
+    _stamp(stamp, command, finished=True)
     data = json.loads((out if out.suffix == ".json" else out / "results.json").read_text())
     if "environment" not in data:  # the product's commands don't record the machine; the demo kit does
         from sparrow_world.bench.run import environment
@@ -590,10 +614,37 @@ def run(name: str) -> None:
     atomic_write_text(RESULTS / f"{name}.json", json.dumps({"command": command, **data}) + "\n")
 
 
+def _start_clean(name: str, command: str, stamp: Path, out: Path, resume: bool) -> None:
+    """Empty the run's output (or keep it to resume this same command's unfinished run)."""
+    import shutil
+
+    earlier = json.loads(stamp.read_text()) if stamp.is_file() else None
+    if resume:
+        if earlier is None or earlier["command"] != command or earlier["finished"]:
+            raise SystemExit(f"{name}: nothing to resume at {out} (no unfinished run of this command there); "
+                             "run it without --resume to start clean")
+        print(f"[publish] {name}: resuming the unfinished run at {out}", flush=True)
+        return
+    if out.suffix == ".json":
+        out.unlink(missing_ok=True)
+    elif out.exists():
+        print(f"[publish] {name}: removing {out} (an earlier run's records)", flush=True)
+        shutil.rmtree(out)
+    _stamp(stamp, command, finished=False)
+
+
+def _stamp(stamp: Path, command: str, finished: bool) -> None:
+    from vllm_sparrow.durable import atomic_write_json
+
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(stamp, {"command": command, "finished": finished})
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["run"]:
-        for name in argv[1:]:
-            run(name)
+        names = [a for a in argv[1:] if a != "--resume"]
+        for name in names:
+            run(name, resume="--resume" in argv)
         render()
         return 0
     if argv == ["render"]:

@@ -21,9 +21,16 @@ def test_quick_benchmark_measures_every_method_at_every_length(quick_bench):
         assert len(set(map(tuple, r["output_token_ids"]))) == len(r["output_token_ids"]), "different clips"
         # the prompt holds the clip's visual tokens: the length axis is real
         assert n <= r["prompt_tokens"][0] <= n + 64, (method, n, r["prompt_tokens"])
+        # the target's own forwards, timed inside the decode phase: what is left is the method's
+        # drafting and the engine's bookkeeping (the distance to the method's limit)
+        assert r["target_forward_s"] > 0 and all(0 < x < 1 for x in r["per_round"]["outside_forward_share"]), r
         if method != "none":
             assert r["drafts"] > 0 and r["draft_ms_per_step"] > 0
             assert len(r["per_position"]) == cfg.num_speculative_tokens
+            assert r["limit_speedup"] > 0
+            # drafting happens outside the target's forward: a drafting method spends more there
+            if method in ("sparrow", "eagle", "eagle3") and b == 1:
+                assert r["outside_forward_share"] > records[("none", n, b)]["outside_forward_share"], (method, n, b)
         if method not in ("none", "ngram"):  # (ngram drafts only where the text repeats)
             # the counters match the outputs: a verify step yields its accepted drafts + 1 token,
             # the prefill one more per request, and a request's last step may overshoot max

@@ -104,3 +104,36 @@ def test_the_plot_is_drawn_from_the_published_json(publish, tmp_path):
     plot(data["records"], tmp_path / "k3.png", "test")
     assert (tmp_path / "k3.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (ROOT / "benchmarks" / "results" / "k3.png").is_file()
+
+
+def test_a_republished_run_starts_clean_and_resumes_only_its_own_unfinished_run(publish, tmp_path, monkeypatch):
+    """A bench resumes from the records in its --out; a table republished over an earlier run's
+    records would mix two runs. publish.py run empties --out first, and --resume goes on only with
+    this same command's run that publish started and that did not finish."""
+    script = tmp_path / "fake_bench.py"
+    script.write_text(
+        "import json, sys, pathlib\n"
+        "out = pathlib.Path(sys.argv[sys.argv.index('--out') + 1]); out.mkdir(parents=True, exist_ok=True)\n"
+        "records = out / 'records.jsonl'\n"
+        "n = len(records.read_text().splitlines()) if records.exists() else 0\n"
+        "records.write_text(''.join('{}\\n' for _ in range(n + 1)))\n"
+        "if '--die' in sys.argv: sys.exit(3)\n"
+        "(out / 'results.json').write_text(json.dumps({'environment': {}, 'records': [n + 1]}))\n")
+    out = tmp_path / "run"
+    monkeypatch.setattr(publish, "ROOT", tmp_path)
+    monkeypatch.setattr(publish, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(publish, "RUNS", {"fake": (f"python {script} --out run", 0),
+                                          "dies": (f"python {script} --out run --die", 0)})
+    publish.run("fake")
+    publish.run("fake")  # the earlier run's records are gone first: one run again
+    assert publish.load("fake")["records"] == [1]
+    with pytest.raises(Exception):
+        publish.run("dies")  # killed partway: its records stay, its stamp says unfinished
+    with pytest.raises(SystemExit, match="nothing to resume"):
+        publish.run("fake", resume=True)  # another command's unfinished run is not resumed
+    with pytest.raises(Exception):
+        publish.run("dies", resume=True)  # the same command goes on from its own records
+    assert len((out / "records.jsonl").read_text().splitlines()) == 2
+    publish.run("fake", resume=False)
+    with pytest.raises(SystemExit, match="nothing to resume"):
+        publish.run("fake", resume=True)  # finished: nothing to resume

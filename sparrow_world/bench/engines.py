@@ -39,22 +39,43 @@ def speculative_config(method: str, cfg: BenchConfig) -> dict | None:
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
     if method in cfg.ablations:
-        draft, k = ablation_draft(method, cfg.ablations[method], k, cfg.out)
-        return {"method": "sparrow", "model": draft, "num_speculative_tokens": k}
+        kind, draft, k = ablation_draft(method, cfg.ablations[method], k, cfg.out)
+        if kind in BASELINES:  # a baseline at its own depth: its own draft, its own method
+            return {"method": kind, "model": getattr(cfg, kind), "num_speculative_tokens": k}
+        spec = {"method": "sparrow", "model": draft}
+        return spec if k is None else {**spec, "num_speculative_tokens": k}  # None: the draft's own depth(s)
     raise ValueError(f"unknown method {method!r}; expected none, sparrow, eagle, eagle3, ngram or an ablation name")
 
 
-def ablation_draft(name: str, value: str, k: int, out: str) -> tuple[str, int]:
-    """An ablation's draft directory and depth from "DIR[@K][,FIELD=VALUE...]": DIR at the run's K,
-    or at its own K to compare depths in one run; FIELD=VALUE pairs set fields of the draft's
-    config.json (",tree_topk=3", ",stop_confidence=0.7"), served from a copy of the draft written
-    to <out>/drafts/NAME (the weights linked, not copied)."""
+BASELINES = ("eagle", "eagle3")  # ablation values naming a baseline ("eagle@12"): that method at its own depth
+
+
+def ablation_kind(value: str) -> str:
+    """"sparrow" for an ablation of a Sparrow draft, else the baseline method it names."""
+    return _parse_ablation(value)[0]
+
+
+def _parse_ablation(value: str) -> tuple[str, str, str, list[str]]:
+    """(kind, draft, depth as written: "", digits or "auto", FIELD=VALUE pairs) of an ablation."""
     head, *pairs = value.split(",")
     draft, _, depth = head.rpartition("@")
-    draft, k = (draft, int(depth)) if draft and depth.isdigit() else (head, k)
-    if not pairs:
-        return draft, k
-    return str(_draft_variant(Path(draft), Path(out) / "drafts" / name, pairs)), k
+    if not (draft and (depth == "auto" or depth.isdigit())):
+        draft, depth = head, ""
+    return (draft if draft in BASELINES else "sparrow"), draft, depth, pairs
+
+
+def ablation_draft(name: str, value: str, k: int, out: str) -> tuple[str, str, int | None]:
+    """An ablation's (kind, draft directory, depth) from "DIR[@K|@auto][,FIELD=VALUE...]": DIR at
+    the run's K, at its own K to compare depths in one run, or with @auto at the depth the draft
+    itself recommends (its config.json: `speculative_tokens`, or the per-batch-size schedule
+    `sparrow tune` wrote); FIELD=VALUE pairs set fields of the draft's config.json
+    (",tree_topk=3", ",stop_confidence=0.7"), served from a copy of the draft written to
+    <out>/drafts/NAME (the weights linked, not copied). "eagle@K" / "eagle3@K": that baseline at K."""
+    kind, draft, depth, pairs = _parse_ablation(value)
+    k = None if depth == "auto" else int(depth) if depth else k
+    if not pairs or kind != "sparrow":
+        return kind, draft, k
+    return kind, str(_draft_variant(Path(draft), Path(out) / "drafts" / name, pairs)), k
 
 
 def _draft_variant(draft: Path, dest: Path, pairs: list[str]) -> Path:
@@ -103,6 +124,7 @@ def open_engine(method: str, cfg: BenchConfig, max_visual_tokens: int, max_num_s
     llm = LLM(**{**args, **engine_args})
     if method != "none":
         llm.collective_rpc(_install_draft_timer, kwargs={"keep_calls": keep_calls})
+    llm.collective_rpc(_install_forward_timer)
     return llm
 
 
@@ -152,6 +174,46 @@ def _install_draft_timer(worker, keep_calls: bool = False) -> None:
             return step_inner(scheduler_output, *args, **kwargs)
 
         runner.propose_draft_token_ids = tagged  # the instance attribute shadows the method
+
+
+def _install_forward_timer(worker) -> None:
+    """Keep (start, end) of every forward of the target (the runner's _model_forward), on the
+    engine's monotonic clock, synchronised on CUDA: what a decode step spends in the target itself,
+    the rest being drafting, sampling, verification and the runner's bookkeeping."""
+    runner = worker.model_runner
+    if getattr(runner, "_bench_forwards", None) is not None:
+        return
+    calls: list[tuple[float, float]] = []
+    inner = runner._model_forward
+    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
+
+    def timed(*args, **kwargs):
+        sync()
+        start = time.monotonic()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            sync()
+            calls.append((start, time.monotonic()))
+
+    runner._model_forward = timed  # the instance attribute shadows the method
+    runner._bench_forwards = calls
+
+
+def _take_forwards(worker) -> list[tuple[float, float]]:
+    calls = getattr(worker.model_runner, "_bench_forwards", None)
+    if calls is None:
+        return []
+    taken = list(calls)
+    calls.clear()
+    return taken
+
+
+def forward_seconds(llm, first: float, last: float) -> float:
+    """Seconds the target's forwards took inside [first, last] (engine timestamps); the log is
+    cleared (every measurement takes the forwards since the previous one)."""
+    calls = llm.collective_rpc(_take_forwards)[0]
+    return sum(max(0.0, min(end, last) - max(start, first)) for start, end in calls)
 
 
 def _read_draft_timer(worker) -> dict:
@@ -249,4 +311,5 @@ def generate_one(llm, request: dict, max_tokens: int) -> dict[str, Any]:
     decode_s = max(0.0, m.last_token_ts - m.first_token_ts) if m is not None else float("nan")
     return {"request_id": out.request_id, "token_ids": ids, "text": out.outputs[0].text,
             "prompt_tokens": len(out.prompt_token_ids), "wall_s": wall, "decode_s": decode_s,
+            "forward_s": forward_seconds(llm, m.first_token_ts, m.last_token_ts) if m is not None else float("nan"),
             "ttft_s": m.first_token_latency if m is not None else float("nan")}

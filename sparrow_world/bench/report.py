@@ -8,7 +8,8 @@ from vllm_sparrow.durable import atomic_save, atomic_write_json, atomic_write_te
 from .config import BenchConfig
 
 COLUMNS = ("method", "visual tokens", "batch", "accept len", "accept (no bonus)", "per position", "draft ms/step",
-           "draft cache KiB", "decode tok/s", "decode speedup", "e2e speedup", "= no spec", "caption words", "objects P/R")
+           "draft cache KiB", "decode tok/s", "decode speedup", "outside forward", "limit speedup", "e2e speedup",
+           "= no spec", "caption words", "objects P/R")
 
 
 def _fmt(v, spec=".2f"):
@@ -24,11 +25,16 @@ def _spread(r: dict, key: str, spec: str = ".2f") -> str:
     return f"{r[key]:{spec}} ({lo_hi[0]:{spec}}-{lo_hi[1]:{spec}})"
 
 
+LIMIT = ("outside forward", "limit speedup")  # columns of runs that timed the target's forwards
+
+
 def table(records: list[dict]) -> str:
     # the hard world scores captions by meaning (fact accuracy), the easy one word by word
     facts = any(r.get("caption_fact_accuracy") is not None for r in records)
     caption_key = "caption_fact_accuracy" if facts else "caption_word_accuracy"
-    columns = [("caption facts" if facts and c == "caption words" else c) for c in COLUMNS]
+    limits = any("outside_forward_share" in r for r in records)  # runs before they were timed lack them
+    columns = [("caption facts" if facts and c == "caption words" else c) for c in COLUMNS
+               if limits or c not in LIMIT]
     rows = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in records:
         per_pos = "/".join(f"{p:.2f}" for p in r["per_position"]) if r.get("per_position") else "-"
@@ -37,7 +43,9 @@ def table(records: list[dict]) -> str:
             r["method"], str(r["visual_tokens"]), str(r.get("batch", 1)), _fmt(r.get("acceptance_length")),
             _fmt(r.get("acceptance_length_no_bonus")), per_pos, _spread(r, "draft_ms_per_step"),
             _fmt(r["draft_cache_bytes"] / 1024, ".1f"), _spread(r, "decode_tok_s", ".1f"),
-            _spread(r, "decode_speedup"), _spread(r, "e2e_speedup"),
+            _spread(r, "decode_speedup"),
+            *([_spread(r, "outside_forward_share"), _spread(r, "limit_speedup")] if limits else []),
+            _spread(r, "e2e_speedup"),
             "-" if equal is None else ("yes" if equal else "NO"), _fmt(r.get(caption_key), ".3f"),
             f"{r['object_precision']:.2f}/{r['object_recall']:.2f}",
         ]) + " |")
@@ -55,7 +63,9 @@ def write_reports(out: Path, records: list[dict], cfg: BenchConfig, env: dict) -
             f"K={cfg.num_speculative_tokens}, greedy, {cfg.max_tokens} new tokens at most; batch size 1: "
             f"{cfg.clips_per_length} clip(s) per length one after another{together}. Timed columns: median "
             f"(min-max) over {cfg.rounds} rounds, each method in its own engine, in another order every round; "
-            "speedups against the same round's no-speculation engine.\n\n")
+            "speedups against the same round's no-speculation engine. Outside forward: the share of the decode "
+            "phase spent outside the target's own forwards (drafting, sampling, verification and the runner's "
+            "bookkeeping); limit speedup: the decode speedup were that share 0 in both engines.\n\n")
     atomic_write_text(out / "table.md", head + table(records))
     plot(records, out / "plot.png", where)
     print(f"[bench] wrote {out / 'results.json'}, {out / 'table.md'}, {out / 'plot.png'}", flush=True)

@@ -25,11 +25,12 @@ from pathlib import Path
 from vllm_sparrow.durable import append_jsonl, atomic_write_text, read_jsonl
 from .clips import Clip, eval_clips
 from .config import BenchConfig
-from .engines import (BlockMeter, close_engine, draft_kv_bytes_per_block, draft_timer, engine_settings, generate_one,
-                      open_engine)
+from .engines import (BlockMeter, ablation_kind, close_engine, draft_kv_bytes_per_block, draft_timer,
+                      engine_settings, forward_seconds, generate_one, open_engine)
 
 # Per-round values summarised as median and range (speedups are per round, against that round's "none").
-TIMED = ("decode_tok_s", "decode_speedup", "e2e_speedup", "draft_ms_per_step", "e2e_s", "decode_s", "ttft_s")
+TIMED = ("decode_tok_s", "decode_speedup", "e2e_speedup", "draft_ms_per_step", "e2e_s", "decode_s", "ttft_s",
+         "target_forward_s", "outside_forward_share", "limit_speedup")
 # Spec-decode counters pooled over rounds (greedy: every round drafts the same captions).
 COUNTED = ("drafts", "accepted", "draft_tokens")
 
@@ -175,7 +176,7 @@ def measure(llm, meter: BlockMeter, method: str, tokens: int, clips: list[Clip],
            "output_token_ids": [o["token_ids"] for o in outs],
            "e2e_s": sum(o["wall_s"] for o in outs), "ttft_s": sum(o["ttft_s"] for o in outs) / len(outs),
            "decode_tokens": sum(len(o["token_ids"]) - 1 for o in outs),
-           "decode_s": sum(o["decode_s"] for o in outs)}
+           "decode_s": sum(o["decode_s"] for o in outs), "target_forward_s": sum(o["forward_s"] for o in outs)}
     rec["decode_tok_s"] = rec["decode_tokens"] / rec["decode_s"] if rec["decode_s"] > 0 else None
     return _finish(rec, llm, method, before, timer0, outs, clips, tok, cfg)
 
@@ -200,7 +201,8 @@ def measure_batch(llm, meter: BlockMeter, method: str, tokens: int, clips: list[
     rec = {"method": method, "visual_tokens": tokens, "batch": len(clips), "clips": len(clips),
            "prompt_tokens": [o["prompt_tokens"] for o in outs], "output_token_ids": [o["token_ids"] for o in outs],
            "e2e_s": wall, "ttft_s": sum(r.metrics.first_token_latency for r in results) / len(results),
-           "decode_tokens": sum(len(o["token_ids"]) - 1 for o in outs), "decode_s": last - first}
+           "decode_tokens": sum(len(o["token_ids"]) - 1 for o in outs), "decode_s": last - first,
+           "target_forward_s": forward_seconds(llm, first, last)}
     rec["decode_tok_s"] = rec["decode_tokens"] / rec["decode_s"] if rec["decode_s"] > 0 else None
     return _finish(rec, llm, method, before, timer0, outs, clips, tok, cfg)
 
@@ -230,6 +232,9 @@ def _finish(rec: dict, llm, method: str, before, timer0, outs: list[dict], clips
                    acceptance_length_no_bonus=accepted / drafts if drafts else None,
                    per_position=[p / drafts for p in per_pos] if drafts else None,
                    draft_ms_per_step=1000 * (timer1["seconds"] - timer0["seconds"]) / calls if calls else None)
+    # The share of the decode phase spent outside the target's own forwards (drafting, the glue,
+    # sampling and verification bookkeeping): at 0 a method would run at its limit.
+    rec["outside_forward_share"] = 1 - rec["target_forward_s"] / rec["decode_s"] if rec["decode_s"] > 0 else None
     rec["engine"] = engine_settings(llm)  # the dtypes and graph mode the engine really ran
     rec["kv_blocks"] = [o["kv_blocks"] for o in outs]  # vLLM's KV blocks per request at its peak
     rec["draft_kv_bytes_per_block"] = draft_kv_bytes_per_block(llm)  # in vLLM's draft layers (EAGLE)
@@ -295,6 +300,16 @@ def compare_to_baseline(records: list[dict]) -> None:
         r["outputs_equal_no_spec"] = r["output_token_ids"] == b["output_token_ids"]
         r["decode_speedup"] = (r["decode_tok_s"] / b["decode_tok_s"]) if r["decode_tok_s"] and b["decode_tok_s"] else None
         r["e2e_speedup"] = b["e2e_s"] / r["e2e_s"]
+        r["limit_speedup"] = _limit_speedup(r, b)
+
+
+def _limit_speedup(r: dict, b: dict) -> float | None:
+    """The decode speedup with nothing spent outside the target's forwards, in either engine: the
+    tokens per second of target forward time over no speculation's (where the method would be
+    if drafting, sampling and bookkeeping cost nothing)."""
+    if not (r.get("target_forward_s") and b.get("target_forward_s")):
+        return None
+    return (r["decode_tokens"] / r["target_forward_s"]) / (b["decode_tokens"] / b["target_forward_s"])
 
 
 def environment() -> dict:
@@ -317,7 +332,7 @@ def _request(prompt: str, clip: Clip) -> dict:
 def _cache_bytes(llm, method: str, rec: dict, cfg: BenchConfig) -> float:
     """Draft cache bytes per request, measured: Sparrow's ring tensors per slot; vLLM's draft KV
     (EAGLE, EAGLE-3) as the request's peak KV blocks times the draft layers' bytes per block."""
-    if method == "sparrow" or method in cfg.ablations:
+    if method == "sparrow" or (method in cfg.ablations and ablation_kind(cfg.ablations[method]) == "sparrow"):
         from vllm_sparrow.engine_stats import drafter_stats
 
         return float(drafter_stats(llm)["bytes_per_slot"])  # a request's fixed ring, whatever its length

@@ -28,6 +28,10 @@ def test_quick_benchmark_measures_every_method_at_every_length(quick_bench):
             assert r["drafts"] > 0 and r["draft_ms_per_step"] > 0
             assert len(r["per_position"]) == cfg.num_speculative_tokens
             assert r["limit_speedup"] > 0
+            if b == 1:  # each clip's own counters (flatness is judged scene by scene): they add up to the cell's
+                assert len(r["per_clip"]) == cfg.clips_per_length
+                assert sum(p["drafts"] for p in r["per_clip"]) * cfg.rounds == r["drafts"]
+                assert sum(p["accepted"] for p in r["per_clip"]) * cfg.rounds == r["accepted"]
             # drafting happens outside the target's forward: a drafting method spends more there
             if method in ("sparrow", "eagle", "eagle3") and b == 1:
                 assert r["outside_forward_share"] > records[("none", n, b)]["outside_forward_share"], (method, n, b)

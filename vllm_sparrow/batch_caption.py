@@ -1,8 +1,9 @@
 """Offline batch captioning with vLLM's `LLM` (Sparrow on when a draft is given).
 
-Input: a folder of videos (id: the file name) or a JSONL of {"video": path, "prompt"?: str,
-"id"?: str} (id: the video path as written, unless given; ids must be unique, so an edited or
-reordered input never shifts them). Output: a JSONL with one row per item, {"id", "video",
+Input: a folder of videos (id: the file name), or a listing of {"video": path, "prompt"?: str,
+"id"?: str} as JSONL lines or Parquet rows (.parquet; pyarrow, which the [ray] extra brings) (id:
+the video path as written, unless given; ids must be unique, so an edited or reordered input never
+shifts them). Output: a JSONL with one row per item, {"id", "video",
 "caption", "finish_reason" ("length": cut at max_tokens), "prompt_tokens", "output_tokens"} or
 {"id", "video", "error"}. Each row is appended durably (durable.py) as its chunk finishes: after a
 kill -9 at any moment, a rerun cuts a torn last row, redoes that item and skips every id already
@@ -10,7 +11,8 @@ in the output. Error rows are kept and skipped too, unless --retry-errors: then 
 again and their new row is appended (an id's last row is its result). One bad item becomes its
 error row; the rest of its chunk still runs. Ctrl-C shuts the engine down and raises
 CaptionInterrupted (the rows written stay; a rerun resumes); a rerun with nothing to do starts
-no engine.
+no engine. With --ray the items go to --replicas engines on a Ray cluster and this process writes
+what they return, by the same rules (ray_jobs/caption.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import contextlib
 import json
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -27,15 +29,16 @@ from .knobs import knob
 from .durable import append_jsonl, read_jsonl
 from .engine_stats import spec_counters
 from .prompts import chat_prompt
+from .ray_jobs.options import RayOptions
 
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mkv", ".mov", ".avi")
 
 
 @dataclass
-class CaptionJob:
-    """`sparrow caption`: every option is a field here (knobs.py)."""
+class CaptionJob(RayOptions):
+    """`sparrow caption`: every option is a field here and in RayOptions (knobs.py)."""
 
-    inputs: str = knob(help="folder of videos, or JSONL of {video, prompt?, id?}")
+    inputs: str = knob(help="folder of videos, or a JSONL or Parquet listing of {video, prompt?, id?}")
     out: str = knob(help="output JSONL (appended; rerun the same command to resume)")
     target: str = knob(help="target model directory or name")
     draft: str | None = knob(None, "Sparrow draft directory (omit: no speculation)")
@@ -44,7 +47,7 @@ class CaptionJob:
     prompt: str = knob("Describe this video in detail.", "prompt of items that bring none")
     num_frames: int = knob(16, "frames sampled per video", flag="--frames")
     max_tokens: int = knob(256, "longest caption")
-    chunk: int = knob(8, "requests handed to vLLM at once")
+    chunk: int = knob(8, "requests handed to vLLM at once (--ray: the batch a replica takes)")
     limit: int | None = knob(None, "stop after this many new items (trial runs)")
     retry_errors: bool = knob(False, "run the items whose row is an error again (their new row is appended; an "
                                      "id's last row is its result)")
@@ -61,6 +64,7 @@ class CaptionReport:
     seconds: float
     output_tokens: int
     mean_acceptance_length: float | None
+    served: dict[str, int] = field(default_factory=dict)  # --ray: rows written per replica (host:pid)
 
     def summary(self) -> str:
         if not (self.done or self.errors):
@@ -68,9 +72,13 @@ class CaptionReport:
         rate = self.done / self.seconds if self.seconds else 0.0
         acc = "n/a" if self.mean_acceptance_length is None else f"{self.mean_acceptance_length:.2f}"
         retry = "; error rows are kept: rerun with --retry-errors to try them again" if self.errors else ""
+        served = ""
+        if self.served:
+            each = ", ".join(f"{name} {n}" for name, n in sorted(self.served.items()))
+            served = f"; served by {len(self.served)} replica{'s' if len(self.served) > 1 else ''} ({each})"
         return (f"{self.done} captioned, {self.errors} errors, {self.skipped} already done; "
                 f"{rate:.2f} videos/s, {self.output_tokens / max(self.seconds, 1e-9):.1f} tokens/s; "
-                f"mean acceptance length {acc}{retry}")
+                f"mean acceptance length {acc}{served}{retry}")
 
 
 class DuplicateIds(ValueError):
@@ -92,43 +100,63 @@ def list_items(inputs: str | Path, prompt: str) -> list[dict]:
         return [{"id": p.name, "video": str(p), "prompt": prompt}
                 for p in sorted(src.iterdir()) if p.suffix.lower() in VIDEO_SUFFIXES]
     items, lines = [], defaultdict(list)
-    for n, line in enumerate(src.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
+    where = "row" if src.suffix.lower() == ".parquet" else "line"
+    for n, row in _listed(src):
         try:
-            row = json.loads(line)
             if not isinstance(row, dict) or not isinstance(row.get("video"), str):
-                raise TypeError("not a JSON object with a 'video' path")
+                raise TypeError(row if isinstance(row, Exception) else "not a JSON object with a 'video' path")
             video = str((src.parent / row["video"]) if not Path(row["video"]).is_absolute() else row["video"])
-            item = {"id": str(row.get("id", row["video"])), "video": video, "prompt": row.get("prompt") or prompt}
-        except (json.JSONDecodeError, TypeError) as e:
-            item = {"id": f"line {n}", "video": None, "prompt": prompt,
-                    "error": f"line {n}: not a JSON object with a 'video' path ({e})"}
+            ident = row["video"] if row.get("id") is None else row["id"]  # a Parquet row without one: None
+            item = {"id": str(ident), "video": video, "prompt": row.get("prompt") or prompt}
+        except TypeError as e:
+            item = {"id": f"{where} {n}", "video": None, "prompt": prompt,
+                    "error": f"{where} {n}: not a JSON object with a 'video' path ({e})"}
         lines[item["id"]].append(n)
         items.append(item)
     dup = {i: ns for i, ns in lines.items() if len(ns) > 1}
     if dup:
-        shown = "; ".join(f"id {i!r} on lines {', '.join(map(str, ns))}" for i, ns in list(dup.items())[:5])
+        shown = "; ".join(f"id {i!r} on {where}s {', '.join(map(str, ns))}" for i, ns in list(dup.items())[:5])
         raise DuplicateIds(f"{src}: ids must be unique (resume skips by id): {shown}"
                            f"{' ...' if len(dup) > 5 else ''}. Give each row its own \"id\".")
     return items
 
 
+def _listed(src: Path) -> Iterator[tuple[int, Any]]:
+    """(number from 1, the row as a dict, or why it is none) of a JSONL's non-blank lines or a
+    Parquet file's rows."""
+    if src.suffix.lower() == ".parquet":
+        import pyarrow.parquet as pq
+
+        yield from enumerate(pq.read_table(src).to_pylist(), 1)
+        return
+    for n, line in enumerate(src.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                yield n, json.loads(line)
+            except json.JSONDecodeError as e:
+                yield n, e
+
+
 def caption_batch(job: CaptionJob, llm=None, progress: bool = True, progress_file=None) -> CaptionReport:
     """Caption job's items not in its output yet. llm: an engine to use (default: one opened
     here, and shut down here, also on Ctrl-C); progress_file: where the progress bar goes."""
+    job.check_ray_options()
     out = Path(job.out)
     items = list_items(job.inputs, job.prompt)  # bad input fails before any engine starts
-    done_ids = _done_ids(out, job.retry_errors)
-    todo = [it for it in items if it["id"] not in done_ids]
+    done = done_ids(out, job.retry_errors)
+    todo = [it for it in items if it["id"] not in done]
     skipped = len(items) - len(todo)
     if job.limit is not None:
         todo = todo[: job.limit]
     if not todo:  # nothing to do: no engine
         return CaptionReport(0, 0, skipped, 0.0, 0, None)
+    if job.ray is not None:
+        from .ray_jobs.caption import caption_on_ray
+
+        return caption_on_ray(job, todo, skipped, progress, progress_file)
     rows: list[str] = []
     try:
-        with engine_session(lambda: _engine(job), llm) as engine:
+        with engine_session(lambda: open_caption_engine(job), llm) as engine:
             return _caption(engine, job, todo, skipped, rows, progress, progress_file)
     except EngineInterrupted:
         raise CaptionInterrupted(len(rows)) from None
@@ -181,16 +209,15 @@ def _sigint_noted(flag: list[bool]) -> Iterator[None]:
 
 def _caption(llm, job, todo, skipped, written, progress, progress_file) -> CaptionReport:
     from tqdm import tqdm
-    from vllm import SamplingParams
 
     before = spec_counters(llm)
-    params = SamplingParams(temperature=0.0, max_tokens=job.max_tokens)
-    templater = _templater(job.target)
+    params = caption_params(job)
+    prompts = templater(job.target)
     start, n_done, n_err, n_tok = time.perf_counter(), 0, 0, 0
     bar = tqdm(total=len(todo), desc="caption", unit="video", disable=not progress, file=progress_file)
     try:
         for lo in range(0, len(todo), job.chunk):
-            rows = _run_chunk(llm, todo[lo : lo + job.chunk], job, params, templater)
+            rows = run_chunk(llm, todo[lo : lo + job.chunk], job, params, prompts)
             for row in rows:
                 append_jsonl(Path(job.out), row)
                 written.append(row["id"])
@@ -206,7 +233,16 @@ def _caption(llm, job, todo, skipped, written, progress, progress_file) -> Capti
     return CaptionReport(n_done, n_err, skipped, time.perf_counter() - start, n_tok, acc)
 
 
-def _run_chunk(llm, items, job, params, templater) -> list[dict]:
+def caption_params(job: CaptionJob):
+    """Greedy, up to --max-tokens: every caption of a job, one process or replicas."""
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=job.max_tokens)
+
+
+def run_chunk(llm, items, job, params, templater) -> list[dict]:
+    """The output rows of `items`, in their order: one batch through the engine, each item that
+    cannot be decoded or that vLLM refuses as its error row. templater: templater(job.target)."""
     from .video import decode_video
 
     rows, requests = [], []
@@ -269,14 +305,15 @@ def _one(llm, request, params):
         return refusal(e)
 
 
-def _done_ids(out: Path, retry_errors: bool = False) -> set[str]:
+def done_ids(out: Path, retry_errors: bool = False) -> set[str]:
     """Ids already in the output (with retry_errors: those whose last row is not an error); a
     row torn by a kill is cut off (its item runs again)."""
     last = {str(row["id"]): row for row in read_jsonl(out) if "id" in row}
     return {i for i, row in last.items() if not (retry_errors and "error" in row)}
 
 
-def _templater(target: str):
+def templater(target: str):
+    """text -> the target's chat prompt with one video before the text."""
     from transformers import AutoProcessor
 
     proc = AutoProcessor.from_pretrained(target)
@@ -284,7 +321,8 @@ def _templater(target: str):
     return lambda text: chat_prompt(proc, text, "video")
 
 
-def _engine(job: CaptionJob):
+def open_caption_engine(job: CaptionJob):
+    """The job's engine: the target, with the Sparrow draft when given, its stats kept (acceptance)."""
     kw: dict[str, Any] = dict(limit_mm_per_prompt={"video": 1}, disable_log_stats=False)
     if job.draft:
         kw["speculative_config"] = {"method": "sparrow", "model": job.draft}

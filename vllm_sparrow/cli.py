@@ -23,14 +23,20 @@ def _init_draft(args) -> int:
 
 def _capture(args) -> int:
     from .batch_caption import EngineInterrupted
+    from .ray_jobs.options import ClusterRefused
+    from .ray_jobs.replicas import ReplicaFailed
     from .training.capture import CaptureConfig, capture
     from .training.shards import CaptureMismatch
 
     try:
         report = capture(from_args(CaptureConfig, args))
-    except CaptureMismatch as e:  # another capture's folder, another split, or too big for the disk
+    except (CaptureMismatch, ClusterRefused) as e:  # another capture's folder, another split, too big for the
+        # disk; or --ray options that cannot run, or no Ray installed
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except ReplicaFailed as e:  # --ray: a replica raised; the listed shards stay
+        print(f"error: a replica failed: {e}", file=sys.stderr)
+        return 1
     except EngineInterrupted:  # --engine: the engine was shut down; finished shards stay
         print("interrupted: rerun the same command to resume", file=sys.stderr)
         return 130
@@ -171,15 +177,20 @@ def _tune(args) -> int:
 def _caption(args) -> int:
     from .batch_caption import CaptionInterrupted, CaptionJob, DuplicateIds, caption_batch
     from .logs import logs_to
+    from .ray_jobs.options import ClusterRefused
+    from .ray_jobs.replicas import ReplicaFailed
 
     job = from_args(CaptionJob, args)
     log = None if job.log == "-" else Path(job.log or f"{job.out}.vllm.log")
-    with logs_to(log) as term:  # the terminal gets progress and the report; vLLM's output goes to the log
+    with logs_to(log) as term:  # the terminal gets progress and the report; vLLM's (and Ray's) output goes to the log
         try:
             report = caption_batch(job, progress_file=term)
-        except DuplicateIds as e:
+        except (DuplicateIds, ClusterRefused) as e:
             print(f"error: {e}", file=term)
             return 2
+        except ReplicaFailed as e:  # --ray: a replica raised; the rows written stay
+            print(f"error: a replica failed: {e}" + (f" (the whole error is in {log})" if log else ""), file=term)
+            return 1
         except CaptionInterrupted as e:
             print(f"interrupted: {e.rows} rows written to {job.out} this run; rerun the same command to resume"
                   + (f" (vLLM's log: {log})" if log else ""), file=term)

@@ -31,7 +31,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,10 @@ def _kill_at(name: str, raw: str) -> tuple[int, str]:
         raise ValueError(f"{name}={raw!r}: use N or N:text, N a whole number (the N-th durable write)") from None
 
 
+def _path(name: str, raw: str) -> str:
+    return raw.strip()
+
+
 # ---- the table ---------------------------------------------------------------------------------
 VARIABLES: dict[str, Variable] = {
     "SPARROW_STOP_CONFIDENCE": Variable(
@@ -156,6 +160,10 @@ VARIABLES: dict[str, Variable] = {
         _kill_at, None, "`N` or `N:text`", "off",
         "test hook: SIGKILL half way through the process's N-th durable write (to files whose name "
         "contains text)", ("durable.py",)),
+    "SPARROW_HOLD_REPLICA": Variable(
+        _path, None, "a file path", "off",
+        "test hook: the first Ray replica to take a batch creates this file, writes its pid and its items "
+        "into it and waits with the batch (up to 10 minutes) to be killed", ("ray_jobs/replicas.py",)),
 }
 
 
@@ -225,6 +233,32 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *VARIABLES])
+
+
+# ---- what a Ray replica gets from its driver -----------------------------------------------------
+FOR_WORKERS = ("SPARROW_", "VLLM_", "HF_", "TRANSFORMERS_")  # name prefixes
+# a pid on this machine (each replica records its own), a test's hook for this process, and the
+# variables that name this machine's address
+NOT_FOR_WORKERS = ("SPARROW_PARENT_PID", "SPARROW_KILL_AT_WRITE", "VLLM_HOST_IP", "VLLM_PORT")
+
+
+@contextlib.contextmanager
+def hooks_hidden() -> Iterator[None]:
+    """This process's environment without the test hook SPARROW_KILL_AT_WRITE within the block:
+    a local Ray cluster's processes, started then (ray.init), inherit the environment, and the
+    hook is meant for this process alone (a test killing the command at its N-th write)."""
+    saved = os.environ.pop("SPARROW_KILL_AT_WRITE", None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ["SPARROW_KILL_AT_WRITE"] = saved
+
+
+def for_workers() -> dict[str, str]:
+    """This process's variables that the Ray replicas of its job are given (ray_jobs/cluster.py,
+    as runtime_env env_vars): the plugin's knobs, vLLM's and Hugging Face's settings, as set here."""
+    return {k: v for k, v in os.environ.items() if k.startswith(FOR_WORKERS) and k not in NOT_FOR_WORKERS}
 
 
 # ---- docs --------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ States are stored in bfloat16 by default: a 25k-token clip's IVSB states for a 7
 25,000 x 3,584 x 2 B = 179 MB a sample (twice that in float32). Before the first sample the
 capture prints its estimate of the bytes per sample and for the run, and refuses, with the
 numbers, when the disk cannot hold them. `--shard I/N` splits a capture over N processes
-(shards.py).
+(shards.py); `--engine --ray ADDRESS --replicas N` runs it on N engine replicas of a Ray cluster
+instead, its manifest kept by this process (ray_jobs/capture.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 
 from ..knobs import knob
 from ..durable import DurableWriteError
+from ..ray_jobs.options import BadRayOptions, RayOptions
 from ..fingerprint import weights_fingerprint
 from .data import BadSample, Sample, load_media, read_samples
 from .shards import CaptureMismatch, Part, ShardWriter, check_data_file, open_part
@@ -45,8 +47,8 @@ log = logging.getLogger("vllm_sparrow.capture")
 
 
 @dataclass
-class CaptureConfig:
-    """`sparrow capture`: every option is a field here (knobs.py)."""
+class CaptureConfig(RayOptions):
+    """`sparrow capture`: every option is a field here and in RayOptions (knobs.py)."""
 
     target: str = knob(help="target model directory (Hugging Face format)")
     data: str = knob(help="JSONL of samples (see vllm_sparrow/training/data.py)")
@@ -76,6 +78,13 @@ class CaptureConfig:
     engine_args: dict[str, Any] = knob(default_factory=dict, help='extra LLM(...) arguments of the --engine '
                                        'target as JSON, e.g. {"tensor_parallel_size": 2, "dtype": "bfloat16"}')
 
+    def check_ray_options(self) -> None:
+        super().check_ray_options()
+        if self.ray is not None and not self.engine:
+            raise BadRayOptions("--ray runs the engine capture: add --engine (its replicas are vLLM engines)")
+        if self.ray is not None and self.shard is not None:
+            raise BadRayOptions("--ray spreads the capture over its --replicas: drop --shard")
+
     def settings(self) -> dict:
         """What must not change between a run and its resumption, the target's weights included
         (a retrained target at the same path must not extend a capture of its old self)."""
@@ -103,6 +112,7 @@ class CaptureReport:
 def capture(cfg: CaptureConfig, progress: bool = True) -> CaptureReport:
     from .target_runner import HFTarget, TargetInputs
 
+    cfg.check_ray_options()
     target = TargetInputs(cfg.target) if cfg.engine else HFTarget(cfg.target, device=cfg.device)
     if cfg.ivsb_layer is None:
         cfg.ivsb_layer = max(1, (2 * target.num_layers) // 3)
@@ -118,7 +128,8 @@ def capture(cfg: CaptureConfig, progress: bool = True) -> CaptureReport:
             and (part is None or part.owns(r.index))]
     todo = [r for r in rows if r.index not in done]
     check_disk(cfg, target, todo, folder)
-    seconds = (_run_engine if cfg.engine else _run_hf)(cfg, target, todo, writer, progress) if todo else 0.0
+    run = _run_hf if not cfg.engine else _run_engine if cfg.ray is None else _run_on_ray
+    seconds = run(cfg, target, todo, writer, progress) if todo else 0.0
     writer.flush()
     counts: dict[str, int] = {}
     for message in manifest.skipped.values():
@@ -179,6 +190,13 @@ def _run_engine(cfg: CaptureConfig, inputs, todo: list, writer: ShardWriter, pro
         seconds = time.perf_counter() - start
     bar.close()
     return seconds
+
+
+def _run_on_ray(cfg: CaptureConfig, inputs, todo: list, writer: ShardWriter, progress: bool) -> float:
+    """The vLLM target on cfg.replicas replicas of a Ray cluster (ray_jobs/capture.py)."""
+    from ..ray_jobs.capture import capture_on_ray
+
+    return capture_on_ray(cfg, inputs, todo, writer, progress)
 
 
 class CaptureRefused(CaptureMismatch):

@@ -169,11 +169,25 @@ class ShardWriter:
     def flush(self) -> None:
         if self.buffer:
             name = f"shard-{len(self.manifest.shards):05d}.safetensors"
-            flat = {f"{i}/{k}": v for i, t in self.buffer.items() for k, v in t.items()}
-            atomic_save_safetensors(self.out_dir / name, flat)  # whole, then listed in the manifest
-            self.manifest.shards.append({"file": name, "samples": sorted(self.buffer)})
+            # whole, then listed in the manifest
+            self.manifest.shards.append(write_shard(self.out_dir, name, self.buffer))
             self.buffer = {}
         save_manifest(self.out_dir, self.manifest)  # also records skips made since the last shard
+
+    def add_written(self, entry: dict[str, Any]) -> None:
+        """List a shard written whole by another process (write_shard: a Ray capture replica)."""
+        if self.buffer:  # what this process holds goes first: shards stay in the order they were added
+            self.flush()
+        self.manifest.shards.append(entry)
+        save_manifest(self.out_dir, self.manifest)
+
+
+def write_shard(out_dir: Path, name: str, samples: dict[int, dict[str, torch.Tensor]]) -> dict[str, Any]:
+    """Write samples (index -> tensors) as the shard file `name`, whole (atomically); returns its
+    manifest entry, which the capture's one writer lists (ShardWriter.add_written)."""
+    flat = {f"{i}/{k}": v.detach().cpu().contiguous() for i, t in samples.items() for k, v in t.items()}
+    atomic_save_safetensors(out_dir / name, flat)
+    return {"file": name, "samples": sorted(samples)}
 
 
 class ShardReader:

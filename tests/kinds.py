@@ -84,6 +84,7 @@ KINDS = {
     "test_triton_window_attention_matches_torch": "engine",
     "test_two_process_training_matches_one": "engine",
     # server
+    "test_data_parallel_serving_with_sparrow": "server",
     "test_example_server_answers_about_the_longest_clip": "server",
     "test_local_media_without_allowed_path_gets_a_400": "server",
     "test_openai_server_with_sparrow": "server",

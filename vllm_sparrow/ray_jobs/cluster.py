@@ -37,7 +37,8 @@ def import_ray():
         import ray.data  # noqa: F401 - the part the commands use (pandas, pyarrow)
     except ImportError as e:
         raise RayMissing(f"--ray needs Ray Data, which this environment lacks ({e}). Install it with: {INSTALL} "
-                         "(ray[data] 2.60; it leaves vLLM and torch as they are)") from None
+                         "(from a clone: pip install '/path/to/vllm-sparrow[ray]'; ray[data] 2.60, which leaves "
+                         "vLLM and torch as they are)") from None
     return ray
 
 

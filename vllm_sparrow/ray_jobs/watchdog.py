@@ -86,7 +86,7 @@ def sweep(command: int, seen: dict[int, float] | None = None) -> int:
 
 def _under(command: int, seen: dict[int, float]) -> None:
     """Note the processes now under `command` (pid -> start time: a pid used again later is not them)."""
-    import psutil  # Ray's and vLLM's dependency
+    import psutil  # vLLM's dependency (the environment has vLLM)
 
     try:
         for p in psutil.Process(command).children(recursive=True):

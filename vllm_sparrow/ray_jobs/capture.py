@@ -55,7 +55,11 @@ class CaptureReplica:
         print(f"sparrow replica {self.name}: capturing samples {[s.index for s in samples]}", flush=True)
         hold_if_asked([s.index for s in samples])
         start = time.perf_counter()
-        results = engine_chunk(self.target, samples, self.cfg)
+        self.target.scratch.mkdir(exist_ok=True)
+        try:
+            results = engine_chunk(self.target, samples, self.cfg)
+        finally:  # a replica ends killed (its cluster shut down), never closed: no scratch folder between batches
+            self.target.close()
         kept = {s.index: r for s, r in zip(samples, results) if not isinstance(r, BadSample)}
         entry = write_shard(Path(self.cfg.out), SHARD.format(samples[0].index), kept) if kept else None
         done = {"entry": entry, "samples": [s.index for s in samples], "replica": self.name,

@@ -60,6 +60,15 @@ class Tree:
         return alive
 
 
+def two_replicas() -> list[str]:
+    """The options of the tests' clusters: 2 replicas on this machine's local cluster, one CPU each;
+    on CUDA half a GPU each (their engines take conftest's GPU_SHARE of its memory), so that a
+    one-GPU machine holds both (by default each would ask for a whole GPU)."""
+    from conftest import on_cuda
+
+    return ["--ray", "local", "--replicas", "2", *(["--replica-gpus", "0.5"] if on_cuda() else [])]
+
+
 def job_processes(command_pid: int, tree: Tree | None = None) -> list[int]:
     """Running processes of the command `command_pid`'s job (zombies hold nothing)."""
     mark = f"SPARROW_PARENT_PID={command_pid}".encode()

@@ -12,7 +12,7 @@ import time
 
 import pytest
 from conftest import ENGINE_DEFAULTS
-from ray_job_checks import rows, sparrow, wait_gone
+from ray_job_checks import rows, sparrow, two_replicas, wait_gone
 
 from vllm_sparrow.video import write_synthetic_clip
 
@@ -30,7 +30,7 @@ def runs(workdir, target_dirs, trained_drafts):
             "--engine-args", json.dumps({**ENGINE_DEFAULTS, "max_model_len": 2048})]
     one = sparrow([*args, "--out", str(workdir / "ray-caption-one.jsonl")])
     assert one.wait(timeout=600) == 0, one.communicate()[1][-3000:]
-    cmd = [*args, "--out", str(workdir / "ray-caption-two.jsonl"), "--ray", "local", "--replicas", "2"]
+    cmd = [*args, "--out", str(workdir / "ray-caption-two.jsonl"), *two_replicas()]
     start = time.monotonic()
     two = sparrow(cmd)
     stdout, stderr = two.communicate(timeout=600)

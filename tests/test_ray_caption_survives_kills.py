@@ -16,7 +16,7 @@ import time
 
 import pytest
 from conftest import ENGINE_DEFAULTS
-from ray_job_checks import rows, sparrow, wait_gone
+from ray_job_checks import rows, sparrow, two_replicas, wait_gone
 
 from vllm_sparrow.video import write_synthetic_clip
 
@@ -32,8 +32,7 @@ def job(workdir, target_dirs, trained_drafts):
     out = workdir / "ray-survives.jsonl"
     cmd = ["caption", "--target", str(target_dirs(KIND)), "--draft", str(trained_drafts(KIND)), "--inputs",
            str(clips), "--out", str(out), "--frames", "8", "--max-tokens", "12", "--chunk", "1",
-           "--engine-args", json.dumps({**ENGINE_DEFAULTS, "max_model_len": 2048}), "--ray", "local",
-           "--replicas", "2"]
+           "--engine-args", json.dumps({**ENGINE_DEFAULTS, "max_model_len": 2048}), *two_replicas()]
     return cmd, out, sorted(p.name for p in clips.iterdir())
 
 

@@ -11,7 +11,7 @@ import signal
 import pytest
 import torch
 from conftest import gpu_share
-from ray_job_checks import sparrow, wait_gone
+from ray_job_checks import sparrow, two_replicas, wait_gone
 
 from vllm_sparrow.ray_jobs.options import BadRayOptions
 from vllm_sparrow.training.capture import CaptureConfig, capture
@@ -57,7 +57,7 @@ def on_ray(data):
     (the manifest's writes: created, data file noted, the missing clip skipped, shard 1, shard 2),
     then rerun."""
     out = data[0] / "ray"
-    cmd = [*_args(data, out), "--ray", "local", "--replicas", "2"]
+    cmd = [*_args(data, out), *two_replicas()]
     killed = sparrow(cmd, env={"SPARROW_KILL_AT_WRITE": "5:manifest"})
     stdout, stderr = killed.communicate(timeout=600)
     assert killed.returncode == -signal.SIGKILL, stdout[-2000:] + stderr[-3000:]

@@ -38,6 +38,7 @@ KINDS = {
     "test_hard_world_captions_say_the_scene_many_ways": "fast",
     "test_demo_build_drafts_only_keeps_the_shipped_target": "fast",
     "test_target_trains_on_the_long_clips_it_is_benchmarked_at": "fast",
+    "test_model_card_needs_no_stage1_log": "fast",
     # engine
     "test_async_scheduling_allowed_for_sparrow": "engine",
     "test_bad_speculative_config_fails_at_startup": "engine",

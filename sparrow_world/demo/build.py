@@ -29,7 +29,8 @@ from pathlib import Path
 
 from vllm_sparrow.durable import atomic_write_json, atomic_write_text, read_jsonl
 from ..world.languages import language
-from .train_target import Extension, LongStage, TargetTrainConfig, long_stage_record, train_target
+from .train_target import (Extension, LongStage, TargetTrainConfig, long_stage_record, stage1_record,
+                           train_target)
 
 DRAFT_SEED0 = 20_000_000  # drafts' training clips; target eval uses 10M+, benchmarks 30M+
 PROMPT_TEXT = "describe the video ."
@@ -88,6 +89,10 @@ HARD_DRAFT_CLIPS = {64: 16, 256: 12, 768: 8, 1536: 8, 16: 128, 32: 48}
 # 2-core machine (docs/demo-world.md has its measured step times).
 HARD_LONG_STEPS = 400
 
+# build.json's record of the target's stage 1 (main stage and extension): the last eval's step,
+# minutes and vision heads, which the model card prints (train_target.stage1_record)
+STAGE1_RECORD = "target_stage1"
+
 
 def hard_world(**change) -> DemoBuildConfig:
     """The hard world's build: a 6-layer target (twice the easy one's depth, against a 1-layer
@@ -112,6 +117,7 @@ def build(cfg: DemoBuildConfig) -> dict[str, Path]:
     record = {"config": asdict(cfg), "seconds": {}}
     print(f"[1/4] target -> {out / 'target'}", flush=True)
     target, record["seconds"]["target (training wall clock)"] = _target(cfg, out, work)
+    _record_stage1(record, out, work / "target")
     _record_long_stage(record, work / "target")
     if cfg.stages == "target":
         _write_target_record(out, record)
@@ -175,6 +181,18 @@ def _target(cfg: DemoBuildConfig, out: Path, work: Path) -> tuple[Path, float]:
                          "build without --drafts-only to train one, or pass --models with a target in it")
     print(f"drafts only: keeping {out / 'target'}", flush=True)
     return out / "target", made_before
+
+
+def _record_stage1(record: dict, out: Path, state_dir: Path) -> None:
+    """Stage 1's part of the build record (its last eval's step, minutes and vision heads), from
+    its log in `state_dir`; where there is none (a drafts-only build, or a long stage started from
+    the shipped target: the checkout has the target, not the log), kept from the build record
+    that made it, as its training seconds are (_target)."""
+    summary = stage1_record(state_dir)
+    if summary is None and (out / "build.json").is_file():
+        summary = json.loads((out / "build.json").read_text()).get(STAGE1_RECORD)
+    if summary is not None:
+        record[STAGE1_RECORD] = summary
 
 
 def _record_long_stage(record: dict, state_dir: Path) -> None:

@@ -75,11 +75,43 @@ def models_arg(models: Path) -> str:
         return str(models)
 
 
+def _long_stage(long: dict, log_path: Path) -> list[str]:
+    """The card's bullet for the long stage (the hard world's), with what its log says it changed
+    between its first and last eval; nothing when the build had none."""
+    if not long.get("steps"):
+        return []
+    line = (f"- Then a long stage of {long['steps']} batch-1 steps on real clips of "
+            f"{', '.join(str(d) for d in long['durations'])} s (up to {long['durations'][-1] * 16:,} visual tokens, "
+            f"the lengths the benchmark measures at), vision tower frozen, AdamW lr {long['lr']}")
+    evals = read_jsonl(log_path) if log_path.exists() else []
+    if len(evals) < 2:
+        return [line + "."]
+    first, last = evals[0]["long"], evals[-1]["long"]
+    changed = "; ".join(f"{k}: {first[k]['facts']['caption_fact_accuracy']:.3f} -> "
+                        f"{last[k]['facts']['caption_fact_accuracy']:.3f} ({first[k]['caption_tokens']:.0f} -> "
+                        f"{last[k]['caption_tokens']:.0f} tokens)" for k in last if k in first)
+    return [line + f". Greedy caption fact accuracy on {long['eval_scenes']} held-out scenes, "
+            f"step {evals[0]['step']} -> {evals[-1]['step']}: {changed}."]
+
+
+def stage1_summary(build: dict, models: Path, work: Path) -> dict:
+    """Stage 1's (main stage and extension) last eval: step, minutes and vision heads, from its
+    log in <work>/target when there is one, else from build.json's record of it (a checkout
+    ships the target and build.json, not the log)."""
+    from .build import STAGE1_RECORD
+    from .train_target import stage1_record
+
+    summary = stage1_record(work / "target") or build.get(STAGE1_RECORD)
+    if summary is None:
+        raise SystemExit(f"the card needs the target's stage-1 training record (last eval's step, minutes and vision "
+                         f"heads): {work / 'target' / 'train_log.jsonl'} is missing and {models / 'build.json'} has "
+                         f"no {STAGE1_RECORD!r}; pass the build's --workdir, or rebuild the target")
+    return summary
+
+
 def write_card(models: Path, work: Path, bench: Path | None) -> Path:
     build = json.loads((models / "build.json").read_text())
-    log = read_jsonl(work / "target" / "train_log.jsonl")
-    evals = [r for r in log if "acc" in r]
-    last = evals[-1]
+    last = stage1_summary(build, models, work)
     cfg = build["config"]
     t = cfg["target"]
     ext = t["extension"]
@@ -125,6 +157,7 @@ def write_card(models: Path, work: Path, bench: Path | None) -> Path:
         f" train on real clips of {', '.join(str(d) for d in ext['durations'])} s ({ext['durations'][0] * 16:,}-"
         f"{ext['durations'][-1] * 16:,} visual tokens, batch {ext['batch_size']}, positions stretched up to"
         f" {ext['max_stretch']:.0f}x on {ext['stretch_share']:.0%} of them).",
+        *_long_stage(t.get("long") or {}, work / "target" / "long_log.jsonl"),
         "",
         "Held-out teacher-forced word accuracy, measured when this card was written (32 unseen 16 s scenes: real"
         " video, stretched positions, blank video; and 4 unseen 256 s scenes, 4,096 visual tokens). A word counts"

@@ -727,6 +727,20 @@ def _save_long(model, opt, state: dict, cfg: TargetTrainConfig, out: Path) -> No
         model=model.state_dict(), opt=opt.state_dict(), state=state, config=asdict(cfg)))
 
 
+def stage1_record(state_dir: str | Path) -> dict | None:
+    """What the build records of stage 1 (the main stage and the extension, train_log.jsonl in
+    `state_dir`), for the model card: its last eval's step, minutes and, when it has them, what
+    the vision heads read ("vision"); None when there is no log (a checkout that ships the
+    target keeps this record in build.json, not the log)."""
+    from vllm_sparrow.durable import read_jsonl
+
+    log = Path(state_dir) / "train_log.jsonl"
+    evals = [r for r in read_jsonl(log) if "acc" in r] if log.exists() else []
+    if not evals:
+        return None
+    return {k: evals[-1][k] for k in ("step", "minutes", "vision") if k in evals[-1]}
+
+
 def long_stage_record(state_dir: str | Path) -> dict | None:
     """What the build records of the long stage in `state_dir`: its start, steps and seconds, and
     its last eval; None when there is none."""

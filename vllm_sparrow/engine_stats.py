@@ -1,4 +1,4 @@
-"""What a running in-process vLLM engine says about speculation: vLLM's spec-decode counters and
+"""What a running vLLM engine says about speculation: vLLM's spec-decode counters and
 the Sparrow drafter's own accounting (batch captioning, the benchmark, the demo and the tests
 read them here)."""
 
@@ -88,19 +88,54 @@ def _drafting_seconds(worker) -> list[float]:
     return taken
 
 
+class StatsWorkerExtension:
+    """Mixed into vLLM's worker (the engine argument worker_extension_cls=EXTENSION) by engines
+    whose engine core runs in another process (vLLM's default): there LLM.collective_rpc sends
+    method names, not functions (a function does not serialise without vLLM's insecure pickle
+    fallback), so each reading is also a worker method."""
+
+    def sparrow_time_drafting(self) -> bool:
+        return _time_drafting(self)
+
+    def sparrow_drafting_seconds(self) -> list[float]:
+        return _drafting_seconds(self)
+
+    def sparrow_drafter_stats(self) -> dict:
+        return _drafter_stats(self)
+
+
+EXTENSION = f"{__name__}.StatsWorkerExtension"
+
+
+def _on_worker(llm, fn):
+    """fn(worker) on the (first) worker: the function itself where the engine core is in this
+    process; by its StatsWorkerExtension method's name where the engine refuses to serialise a
+    function (the encoder raises before anything is sent, so nothing runs twice)."""
+    try:
+        return llm.collective_rpc(fn)[0]
+    except TypeError as e:
+        if "serializ" not in str(e):
+            raise
+        try:
+            return llm.collective_rpc("sparrow" + fn.__name__)[0]
+        except AttributeError as missing:
+            raise RuntimeError(f"this engine runs its core in another process: open it with "
+                               f"worker_extension_cls={EXTENSION!r} to read the drafter's stats") from missing
+
+
 def time_drafting(llm) -> bool:
     """From now on keep the time of every draft step the engine's drafter runs (measurement runs:
     `sparrow tune`, the benchmark); False when the engine does not draft with sparrow."""
-    return bool(llm.collective_rpc(_time_drafting)[0])
+    return bool(_on_worker(llm, _time_drafting))
 
 
 def drafting_seconds(llm) -> list[float]:
     """Seconds of each draft step since time_drafting(llm) or the last call, in order (one per
     engine step that drafted); the worker forgets them."""
-    return llm.collective_rpc(_drafting_seconds)[0]
+    return _on_worker(llm, _drafting_seconds)
 
 
 def drafter_stats(llm) -> dict[str, Any]:
     """sparrow_stats() of the (first) worker's Sparrow glue (the drafter's accounting and the
     drafting strategy), through LLM.collective_rpc; {} when the engine does not draft with sparrow."""
-    return llm.collective_rpc(_drafter_stats)[0]
+    return _on_worker(llm, _drafter_stats)

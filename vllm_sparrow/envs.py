@@ -17,7 +17,8 @@ tell "not set" from "set to off".
 
 Read, not owned: RANK, WORLD_SIZE, LOCAL_RANK (torchrun's; cli.py, training/train.py),
 TRITON_INTERPRET (Triton's; attention.py) and VLLM_MAX_IMAGE_PIXELS (vLLM's; video.py) are read
-where they are used, as their owners define them. SPARROW_DEVICE and SPARROW_FORCE_SETUP belong
+where they are used, as their owners define them; vLLM's VLLM_ENABLE_V1_MULTIPROCESSING is set
+here, around the opening of an engine whose steps are timed (engine_core_in_this_process). SPARROW_DEVICE and SPARROW_FORCE_SETUP belong
 to `make setup` (Makefile, tools/); the package never reads them.
 
 Standard library only (no torch, no vLLM), so any module may import it; kernels/ import nothing
@@ -233,6 +234,25 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *VARIABLES])
+
+
+@contextlib.contextmanager
+def engine_core_in_this_process() -> Iterator[None]:
+    """vLLM's VLLM_ENABLE_V1_MULTIPROCESSING=0 while an engine is opened in the block (vLLM reads
+    it when LLM is made): its engine core then runs inside engine.step(), so a measurement that
+    times engine.step() (sparrow tune) times the step itself. With the core in its own process,
+    vLLM's default, the core steps on its own and step() only collects what is already made
+    (measured: 0.0 ms per step)."""
+    name = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    saved = os.environ.get(name)
+    os.environ[name] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved
 
 
 # ---- what a Ray replica gets from its driver -----------------------------------------------------

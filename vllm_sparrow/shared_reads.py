@@ -28,6 +28,10 @@ ROWS: tuple[Read, ...] = (
     Read("vllm.v1.worker.gpu_worker.Worker.model_runner", "engine_stats.py, training/capture_worker.py",
          "the worker's runner: its drafter's Sparrow stats; the batch layout and model the capture hooks read",
          "instance"),
+    Read("vllm.config.parallel.ParallelConfig.worker_extension_cls",
+         "engine_stats.py, training/tune.py, training/capture_worker.py",
+         "mixes StatsWorkerExtension (readings called by name across processes) or CaptureWorkerExtension "
+         "into the worker (the engine argument)", "field"),
     # batch_caption.py: shutting its engine down
     Read("vllm.entrypoints.llm.LLM.llm_engine", "batch_caption.py", "the engine behind LLM", "instance"),
     Read("vllm.v1.engine.llm_engine.LLMEngine.engine_core", "batch_caption.py", "the engine-core client",

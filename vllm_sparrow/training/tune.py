@@ -228,12 +228,16 @@ def _requests(cfg: TuneConfig, settings: dict) -> tuple[list[dict], Any]:
 
 
 def _engine(cfg: TuneConfig, target: str, depth: int):
+    from .. import envs
     from ..batch_caption import open_engine
+    from ..engine_stats import EXTENSION
 
     spec = {"method": "sparrow", "model": cfg.draft, "num_speculative_tokens": depth}
+    # the drafter's timer is read across processes by name (engine_stats.StatsWorkerExtension)
     args = dict(limit_mm_per_prompt={"video": 1, "image": 1}, max_num_seqs=max(cfg.batch_sizes),
-                speculative_config=spec)
-    return open_engine(target, {**args, **cfg.engine_args})
+                speculative_config=spec, worker_extension_cls=EXTENSION)
+    with envs.engine_core_in_this_process():  # step_cost times engine.step(): the core must run inside it
+        return open_engine(target, {**args, **cfg.engine_args})
 
 
 def _capture_settings(capture: str) -> dict:

@@ -81,8 +81,7 @@ ROWS: tuple[Read, ...] = (
     Read(f"{_EAGLE}.take_last_draft_probs", _PROPOSER,
          "not overridden: the runner reads _last_draft_probs through it", "class"),
     # training/capture_worker.py: the target's states inside the engine (a worker extension)
-    Read("vllm.config.parallel.ParallelConfig.worker_extension_cls", _CAPTURE,
-         "mixes CaptureWorkerExtension into the worker (the engine argument)", "field"),
+    # (ParallelConfig.worker_extension_cls, which mixes CaptureWorkerExtension in: shared_reads.py)
     Read("vllm.v1.worker.gpu_worker.Worker.rank", _CAPTURE, "only rank 0 writes the states", "instance"),
     Read(f"{_RUNNER}.model", _CAPTURE, "the target model the capture hooks", "instance"),
     Read(f"{_RUNNER}.query_start_loc", _CAPTURE, "[B + 1] host row offsets of the step being run", "instance"),

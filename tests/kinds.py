@@ -25,6 +25,7 @@ KINDS = {
     "test_modules_meet_through_public_interfaces": "fast",
     "test_mtp_stages_replay_inference": "fast",
     "test_mtp_depth_benchmark_cuts_chains_exactly": "fast",
+    "test_tuned_draft_times_the_engine_bench_serves": "fast",
     "test_visual_kv_baselines_train_on_long_videos": "fast",
     "test_product_never_imports_the_kit": "fast",
     "test_published_numbers_come_from_their_files": "fast",

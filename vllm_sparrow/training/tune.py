@@ -75,8 +75,10 @@ class TuneConfig:
     num_frames: int = knob(16, "frames per video, as served", flag="--frames")
     write: bool = knob(False, "store the schedule and the batch-1 depth in the draft's config.json")
     out: str | None = knob(None, "also write the measurements and the choice as JSON here")
-    engine_args: dict[str, Any] = knob(default_factory=dict, help='extra LLM(...) arguments as JSON, e.g. '
-                                       '{"max_model_len": 32768, "dtype": "bfloat16"}')
+    engine_args: dict[str, Any] = knob(default_factory=dict, help='extra LLM(...) arguments as JSON: the settings '
+                                       'you serve with (dtype, enforce_eager, ...), since the costs are the serving '
+                                       'engine\'s, e.g. {"max_model_len": 32768, "dtype": "float32", '
+                                       '"enforce_eager": true}')
 
 
 @dataclass

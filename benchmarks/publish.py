@@ -77,6 +77,12 @@ RUNS = {
     "hard-tune": ("python benchmarks/tuned_draft.py --draft models/world-hard/sparrow "
                   "--capture runs/published/hard-tree-replay/cap-6144 --data runs/published/hard-tree-replay/data-6144.jsonl "
                   "--samples 4 --batch-sizes 1,4,16 --out runs/published/hard-tune", 8),
+    # Issue 45's depth table: Sparrow and both baselines at depths 5-16, and the depth per batch size
+    # `sparrow tune` chose (run hard-tune first), at batch 1, 4 and 16. One round: 14 engines a cell.
+    "hard-depth": ("sparrow bench --world hard --lengths 512,24960 --batch-sizes 1,4,16 --methods none --k 5 --rounds 1 "
+                   + " ".join(f"--ablation sparrow-{k}={HARD}@{k} --ablation eagle-{k}=eagle@{k} "
+                              f"--ablation eagle3-{k}=eagle3@{k}" for k in (5, 8, 12, 16))
+                   + " --ablation tuned=runs/published/hard-tune/draft@auto --out runs/published/hard-depth", 70),
     # Acceptance against length with 6 scenes a length (hard-k5 has 2): one round, speed aside.
     "hard-k5-clips6": ("sparrow bench --world hard --k 5 --methods none,sparrow,eagle --clips 6 --rounds 1 "
                        "--out runs/published/hard-k5-clips6", 15),
@@ -223,7 +229,7 @@ def _flatness(name: str) -> str:
 def hard_flatness() -> str:
     """Acceptance per length relative to 512 visual tokens, each method, in the hard K = 5 runs on
     the target before its long stage ("-": a length that run did not measure)."""
-    runs = ("hard-k5-clips6", "hard-ablations", "hard-k5-new-scenes")
+    runs = ("hard-k5-clips6", "hard-k5-new-scenes")
     header_lengths = _lengths(load("hard-k5-clips6"))
     rows = []
     for name in runs:
@@ -231,7 +237,7 @@ def hard_flatness() -> str:
         lengths, clips = _lengths(data), data["settings"]["clips_per_length"]
         for m in ("sparrow", "eagle"):
             if not any(r["method"] == m for r in data["records"]):
-                continue  # the ablation run has no EAGLE-style draft
+                continue  # the new-scenes run has no EAGLE-style draft
             acc = {n: _cell(data, m, n)["acceptance_length"] for n in lengths}
             first, last = acc[header_lengths[0]], acc[header_lengths[-1]]
             rows.append([f"{clips}", LABEL[m]] + [f"{acc[n]:.2f}" if n in acc else "-" for n in header_lengths]
@@ -630,16 +636,17 @@ def capture_speed() -> str:
             "apart). " + _source("capture-speed"))
 
 
-def ivsb_keep() -> str:
+def ivsb_keep(name: str = "ivsb-keep") -> str:
     """benchmarks/ivsb_keep.py: held-out acceptance of drafts trained from captures keeping a share of IVSB states."""
     from benchmarks.ivsb_keep import table
 
-    data = load("ivsb-keep")
+    data = load(name)
     s = data["settings"]
     clips = ", ".join(f"{n} clips of {sec} s" for sec, n in s["recipe"]["clips"].items())
-    return (table(data) + f"\nThe demo build's draft data ({clips}; the last {s['recipe']['train']['holdout']} held out), "
-            f"engine capture, bf16 states; the demo Sparrow recipe ({s['recipe']['train']['steps']} steps), replay at "
-            f"K = {s['k']}. " + _source("ivsb-keep"))
+    world = "hard " if s.get("world") == "hard" else ""
+    return (table(data) + f"\nThe {world}demo build's draft data ({clips}; the last {s['recipe']['train']['holdout']} "
+            f"held out), engine capture, bf16 states; the demo Sparrow recipe ({s['recipe']['train']['steps']} steps), "
+            f"replay at K = {s['k']}. " + _source(name))
 
 
 def hard_mtp_depth() -> str:

@@ -74,9 +74,22 @@ def test_the_ray_capture_equals_the_one_process_capture(one_process, on_ray):
     one, ray = ShardReader(one_process), ShardReader(out)
     assert [i for _, i in ray.where] == [i for _, i in one.where] == [0, 1, 2, 3, 5, 6, 7]
     for a, b in zip(one, ray):
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        assert a.keys() == b.keys()
+        for k in a:
+            _assert_same_capture(k, a[k], b[k])
     assert load_manifest(out).skipped == load_manifest(one_process).skipped
     assert "missing file" in load_manifest(out).skipped["4"]
+
+
+def _assert_same_capture(key: str, a, b) -> None:
+    """Token ids and masks equal; hidden states equal up to one bfloat16 rounding step. Each Ray
+    replica batches its own share of the samples, so the target's float32 forward runs at other
+    batch shapes than the one-process capture's and can differ in the last float32 bits, which
+    the stored bfloat16 then rounds to the neighbouring value (seen: 1 ulp, e.g. 0.125 at 45)."""
+    if not a.is_floating_point():
+        assert torch.equal(a, b), key
+        return
+    torch.testing.assert_close(a.float(), b.float(), rtol=2**-7, atol=2**-7, msg=key)
 
 
 def test_a_killed_driver_takes_its_cluster_and_the_rerun_resumes(on_ray):

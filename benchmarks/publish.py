@@ -16,6 +16,7 @@ table. tests/test_published_numbers_come_from_their_files.py runs `check`.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -764,7 +765,8 @@ def run(name: str, resume: bool = False) -> None:
     stamp = out.with_name(out.name + "." + STAMP) if out.suffix == ".json" else out / STAMP
     _start_clean(name, command, stamp, out, resume)
     print(f"[publish] {name}: {command} (about {minutes} min here)", flush=True)
-    subprocess.run(argv, cwd=ROOT, check=True)
+    env = runtime_env()
+    subprocess.run(argv, cwd=ROOT, check=True, env=env)
     _stamp(stamp, command, finished=True)
     data = json.loads((out if out.suffix == ".json" else out / "results.json").read_text())
     if "environment" not in data:  # the product's commands don't record the machine; the demo kit does
@@ -774,7 +776,21 @@ def run(name: str, resume: bool = False) -> None:
     from vllm_sparrow.durable import atomic_write_text
 
     RESULTS.mkdir(parents=True, exist_ok=True)
+    data["environment"]["ld_preload"] = env.get("LD_PRELOAD", "")
     atomic_write_text(RESULTS / f"{name}.json", json.dumps({"command": command, **data}) + "\n")
+
+
+def runtime_env() -> dict[str, str]:
+    """The environment a run's command gets: this one, with Intel OpenMP preloaded as vLLM's CPU
+    backend asks and as `make test` / `make demo` run (the Makefile's RUN_ENV). Without it vLLM
+    warns that speculative decoding on CPU loses much of its speed, which would measure every
+    method below its best; the JSON records what was preloaded."""
+    env = dict(os.environ)
+    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"  # shipped in the venv by intel-openmp on CPU
+    preloaded = [p for p in env.get("LD_PRELOAD", "").split(":") if p]
+    if iomp.is_file() and str(iomp) not in preloaded:
+        env["LD_PRELOAD"] = ":".join([str(iomp), *preloaded])
+    return env
 
 
 def _start_clean(name: str, command: str, stamp: Path, out: Path, resume: bool) -> None:

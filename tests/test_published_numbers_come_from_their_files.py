@@ -9,6 +9,7 @@ import importlib.util
 import json
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,16 @@ def test_a_republished_run_starts_clean_and_resumes_only_its_own_unfinished_run(
     publish.run("fake", resume=False)
     with pytest.raises(SystemExit, match="nothing to resume"):
         publish.run("fake", resume=True)  # finished: nothing to resume
+
+
+def test_runs_start_with_intel_openmp_preloaded(publish, monkeypatch):
+    """vLLM's CPU backend asks for libiomp5 in LD_PRELOAD (speculative decoding loses much of its
+    speed without it); `make test` preloads it, and publish's runs must too, or every method is
+    measured below its best."""
+    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+    if not iomp.is_file():
+        pytest.skip("no libiomp5 in this environment (intel-openmp is installed on CPU builds)")
+    monkeypatch.setenv("LD_PRELOAD", "/elsewhere/libx.so")
+    assert publish.runtime_env()["LD_PRELOAD"].split(":") == [str(iomp), "/elsewhere/libx.so"]
+    monkeypatch.setenv("LD_PRELOAD", str(iomp))
+    assert publish.runtime_env()["LD_PRELOAD"] == str(iomp)  # not twice

@@ -637,17 +637,16 @@ def capture_speed() -> str:
             "apart). " + _source("capture-speed"))
 
 
-def ivsb_keep(name: str = "ivsb-keep") -> str:
+def ivsb_keep() -> str:
     """benchmarks/ivsb_keep.py: held-out acceptance of drafts trained from captures keeping a share of IVSB states."""
     from benchmarks.ivsb_keep import table
 
-    data = load(name)
+    data = load("ivsb-keep")
     s = data["settings"]
     clips = ", ".join(f"{n} clips of {sec} s" for sec, n in s["recipe"]["clips"].items())
-    world = "hard " if s.get("world") == "hard" else ""
-    return (table(data) + f"\nThe {world}demo build's draft data ({clips}; the last {s['recipe']['train']['holdout']} "
-            f"held out), engine capture, bf16 states; the demo Sparrow recipe ({s['recipe']['train']['steps']} steps), "
-            f"replay at K = {s['k']}. " + _source(name))
+    return (table(data) + f"\nThe demo build's draft data ({clips}; the last {s['recipe']['train']['holdout']} held out), "
+            f"engine capture, bf16 states; the demo Sparrow recipe ({s['recipe']['train']['steps']} steps), replay at "
+            f"K = {s['k']}. " + _source("ivsb-keep"))
 
 
 def hard_mtp_depth() -> str:

@@ -84,6 +84,14 @@ RUNS = {
                    + " ".join(f"--ablation sparrow-{k}={HARD}@{k} --ablation eagle-{k}=eagle@{k} "
                               f"--ablation eagle3-{k}=eagle3@{k}" for k in (5, 8, 12, 16))
                    + " --ablation tuned=runs/published/hard-tune/draft@auto --out runs/published/hard-depth", 70),
+    # Issue 45's verdict on sparrow tune: the tuned copy (run hard-tune first) beside Sparrow at every
+    # fixed depth of hard-depth, Sparrow alone, at the length tune measured its costs at, in three
+    # rounds whose order changes (each method's own engine every round; the median counts): one
+    # engine start a cell, as hard-depth has, cannot rank depths on a machine whose starts vary.
+    "hard-tune-vs-fixed": ("sparrow bench --world hard --lengths 6144 --batch-sizes 1,4,16 --methods none --k 5 "
+                           "--rounds 3 " + " ".join(f"--ablation sparrow-{k}={HARD}@{k}" for k in (5, 8, 12, 16))
+                           + " --ablation tuned=runs/published/hard-tune/draft@auto "
+                           "--out runs/published/hard-tune-vs-fixed", 35),
     # Acceptance against length with 6 scenes a length (hard-k5 has 2): one round, speed aside.
     "hard-k5-clips6": ("sparrow bench --world hard --k 5 --methods none,sparrow,eagle --clips 6 --rounds 1 "
                        "--out runs/published/hard-k5-clips6", 15),
@@ -339,10 +347,48 @@ def _tuned_verdict(data: dict) -> str:
         best = max((m for m in rate if m != "tuned"), key=rate.get)
         ok = rate["tuned"] >= rate[best]
         held &= ok
+        summed = " summed over the lengths" if len(lengths) > 1 else ""
         parts.append(f"batch {b}: tuned {rate['tuned']:.0f} against the best fixed depth ({best.split('-')[1]}) "
-                     f"{rate[best]:.0f} decode tokens/s summed over the lengths")
+                     f"{rate[best]:.0f} decode tokens/s{summed}")
     return ("sparrow tune's choice decodes no slower than every fixed depth at every batch size" if held else
             "sparrow tune's choice is NOT the fastest at every batch size") + f" ({'; '.join(parts)})."
+
+
+def hard_tune_vs_fixed() -> str:
+    """Issue 45's verdict on sparrow tune: per batch size, Sparrow's decode tokens/s at each fixed
+    depth and at tune's choice, median (min-max) over interleaved rounds, acceptance length after."""
+    data, schedule = load("hard-tune-vs-fixed"), load("hard-tune")["schedule"]
+    depth_at = {b: d for lo, hi, d in schedule for b in range(lo, hi + 1)}
+    methods = [f"sparrow-{k}" for k in DEPTHS] + ["tuned"]
+    rows = []
+    for n in _lengths(data):
+        for b in sorted({r["batch"] for r in data["records"]}):
+            cells = [_cell(data, m, n, b) for m in methods]
+            rows.append([_n(n), str(b), str(depth_at.get(b, schedule[-1][2]))] + [_rate_cell(r) for r in cells])
+    header = ["visual tokens", "batch", "depth tune chose"] + [f"depth {k}" for k in DEPTHS] + ["tuned"]
+    rounds = data["settings"]["rounds"]
+    return (_table(header, rows) + f"\n\nDecode tokens/s, median (min-max) over {rounds} rounds, each method in its "
+            "own engine every round, in another order every round; acceptance length after the semicolon. "
+            + _tuned_verdict(data) + " " + _overlap(data, methods) + " " + _equality("hard-tune-vs-fixed") + " "
+            + _source("hard-tune-vs-fixed"))
+
+
+def _overlap(data: dict, methods: list[str]) -> str:
+    """Per batch size, whether the tuned copy's range over the rounds overlaps the range of the
+    fixed depth with the best median: where it does, the rounds do not separate them."""
+    parts = []
+    for n in _lengths(data):
+        for b in sorted({r["batch"] for r in data["records"]}):
+            cells = {m: _cell(data, m, n, b) for m in methods}
+            best = max((m for m in methods if m != "tuned"), key=lambda m: cells[m]["decode_tok_s"])
+            (lo, hi), (blo, bhi) = cells["tuned"]["decode_tok_s_range"], cells[best]["decode_tok_s_range"]
+            parts.append(f"batch {b}: {'overlap' if lo <= bhi and blo <= hi else 'apart'}")
+    return "The tuned copy's range against the best fixed depth's, over the rounds: " + ", ".join(parts) + "."
+
+
+def _rate_cell(r: dict) -> str:
+    lo, hi = r.get("decode_tok_s_range", [r["decode_tok_s"]] * 2)
+    return f"{r['decode_tok_s']:,.0f} ({lo:,.0f}-{hi:,.0f}; {r['acceptance_length']:.2f})"
 
 
 def readme_trees() -> str:
@@ -448,10 +494,11 @@ def hard_tune() -> str:
     verdicts = data["trees"].get("verdicts", {})
     rows = [[str(c["batch"]), f"{c['fixed_ms']:.2f}", f"{c['per_token_ms']:.2f}",
              f"{c['draft_token_cost']:.3f} + {c['verify_token_cost']:.3f}",
+             f"{c['line_miss']:.1%}" if "line_miss" in c else "-",
              str(depth_at.get(c["batch"], schedule[-1][2])), verdicts.get(str(c["batch"]), {}).get("best", "-")]
             for c in data["costs"]]
     costs = _table(["batch", "ms per step", "ms per drafted token", "a drafted token, in steps (draft + verify)",
-                    "depth chosen", "best plan, trees allowed"], rows)
+                    "the cost line's worst miss", "depth chosen", "best plan, trees allowed"], rows)
     scores = data["stop_scores"]
     stops = _table(["stop threshold"] + list(scores), [["tokens per unit cost"] + [f"{v:.2f}" for v in scores.values()]])
     drafts, tokens, ref = data["replay"]["drafts"], data["tokens_per_step"], data["reference"]
@@ -637,16 +684,18 @@ def capture_speed() -> str:
             "apart). " + _source("capture-speed"))
 
 
-def ivsb_keep() -> str:
-    """benchmarks/ivsb_keep.py: held-out acceptance of drafts trained from captures keeping a share of IVSB states."""
+def ivsb_keep(name: str = "ivsb-keep") -> str:
+    """benchmarks/ivsb_keep.py: held-out acceptance of drafts trained from captures keeping a share of
+    IVSB states, on the world the run names (ivsb-keep: easy; hard-ivsb-keep: hard)."""
     from benchmarks.ivsb_keep import table
 
-    data = load("ivsb-keep")
+    data = load(name)
     s = data["settings"]
+    build = "hard demo build" if s.get("world") == "hard" else "demo build"  # runs before --world were easy
     clips = ", ".join(f"{n} clips of {sec} s" for sec, n in s["recipe"]["clips"].items())
-    return (table(data) + f"\nThe demo build's draft data ({clips}; the last {s['recipe']['train']['holdout']} held out), "
+    return (table(data) + f"\nThe {build}'s draft data ({clips}; the last {s['recipe']['train']['holdout']} held out), "
             f"engine capture, bf16 states; the demo Sparrow recipe ({s['recipe']['train']['steps']} steps), replay at "
-            f"K = {s['k']}. " + _source("ivsb-keep"))
+            f"K = {s['k']}. " + _source(name))
 
 
 def hard_mtp_depth() -> str:
@@ -689,19 +738,20 @@ VIEWS = {"readme-k3": readme_k3, "readme-depth": readme_depth, "readme-cache": r
          "readme-hard": readme_hard, "readme-hard-cache": readme_hard_cache, "hard-quality": hard_quality,
          "hard-k5": hard_k5, "hard-tree-replay": hard_tree_replay, "hard-trees": hard_trees, "hard-build": hard_build,
          "hard-scenes": hard_scenes,
-         "hard-depth": hard_depth_table, "hard-flatness": hard_flatness, "hard-tune": hard_tune,
+         "hard-depth": hard_depth_table, "hard-tune-vs-fixed": hard_tune_vs_fixed, "hard-flatness": hard_flatness, "hard-tune": hard_tune,
          "hard-ablations": lambda: ablations("hard-ablations"), "hard-batch": lambda: batch("hard-batch"),
          "readme-trees": readme_trees, "quality": quality, "ablations": ablations, "ivsb-replay": ivsb_replay,
          "batch": batch,
          "depth": depth, "k8-all": k8_all, "adaptive": adaptive, "tree-replay": tree_replay,
          "tree-search": tree_search, "op-count": op_count, "mixed-step": mixed_step, "capture-speed": capture_speed,
-         "ivsb-keep": ivsb_keep, "hard-mtp-depth": hard_mtp_depth, "draft-step-cache": draft_step_cache, "server-soak": server_soak,
+         "ivsb-keep": ivsb_keep, "hard-ivsb-keep": lambda: ivsb_keep("hard-ivsb-keep"), "hard-mtp-depth": hard_mtp_depth, "draft-step-cache": draft_step_cache, "server-soak": server_soak,
          "server-soak-long": lambda: server_soak("server-soak-long")}
 
 
 def whole_file(name: str) -> str:
     """benchmarks/results/NAME.md: the run's full table."""
-    if name in ("tree-replay", "hard-tree-replay", "hard-tune", "op-count", "mixed-step", "capture-speed", "ivsb-keep", "hard-mtp-depth",
+    if name in ("tree-replay", "hard-tree-replay", "hard-tune", "op-count", "mixed-step", "capture-speed", "ivsb-keep", "hard-ivsb-keep",
+                "hard-mtp-depth",
                 "draft-step-cache", "server-soak", "server-soak-long"):
         return f"# {name}\n\n" + VIEWS[name]() + "\n"
     from sparrow_world.bench.report import table

@@ -6,6 +6,7 @@ the reverse keeps the chain; the plugin serves the written schedule unless the u
 import json
 import os
 import shutil
+import statistics
 
 import pytest
 import subprocess
@@ -70,6 +71,41 @@ def test_noisy_timings_never_make_drafted_tokens_free_of_charge():
     assert noisy.per_token == 0.0 and noisy.line()[0] > 0
 
 
+def test_the_cost_line_fits_every_timed_depth_and_says_how_far_it_misses():
+    linear = StepCost(1, {1: 0.011, 8: 0.018, 16: 0.026})  # 1 ms a token on 10 ms fixed, exactly
+    fixed, per_token = linear.line()
+    assert fixed == pytest.approx(0.010) and per_token == pytest.approx(0.001) and linear.line_miss < 1e-9
+    # a cost that bends up past depth 8: a line through depths 1 and 16 alone would have priced
+    # depth 8 at 0.0155 s, 29% over its timing, and said nothing; the fit through all three says
+    # how far a line misses
+    bent = StepCost(1, {1: 0.011, 8: 0.012, 16: 0.026})
+    fit = statistics.linear_regression(list(bent.seconds), list(bent.seconds.values()))
+    assert bent.line() == pytest.approx((fit.intercept, fit.slope))
+    fixed, per_token = bent.line()
+    misses = [abs(fixed + k * per_token - t) / t for k, t in bent.seconds.items()]
+    assert bent.line_miss == pytest.approx(max(misses)) and bent.line_miss > 0.2
+
+
+def test_tune_times_evenly_spaced_depths_from_one_to_the_deepest():
+    from vllm_sparrow.training.tune import cost_depths
+
+    assert cost_depths(16, 3) == (1, 8, 16) and cost_depths(16, 2) == (1, 16) and cost_depths(16, 4) == (1, 6, 11, 16)
+    with pytest.raises(ValueError, match="two depths"):
+        cost_depths(16, 1)
+
+
+def test_tune_gives_cpu_engines_a_fixed_kv_cache_unless_the_user_set_one(monkeypatch):
+    from vllm_sparrow import envs
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    with envs.cpu_kv_cache_unless_set(4):
+        assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ  # only while tune's engines open
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "9")
+    with envs.cpu_kv_cache_unless_set(4):
+        assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "9"  # the user's wins
+
+
 def _capture_two_clips(tmp_path):
     from vllm_sparrow.training.capture import CaptureConfig, capture
 
@@ -94,18 +130,20 @@ def test_tune_measures_steps_in_vllm_and_writes_the_schedule_its_costs_choose(tm
         capture_output=True, text=True, timeout=600,
         # as a user runs it: vLLM's engine core in its own process unless tune keeps it in (it must,
         # to time engine.step(); with the suite's in-process setting passed down, a tune that left
-        # the core outside returned 0.0 ms steps and failed reading the drafter's timer)
-        env={k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"})
+        # the core outside returned 0.0 ms steps and failed reading the drafter's timer), and with
+        # no CPU KV cache size given (tune sets one: vLLM's free-memory default refused a second engine)
+        env={k: v for k, v in os.environ.items() if k not in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE")})
     print(done.stdout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     tokens = result["tokens_per_step"]
     assert len(tokens) == 16 and tokens == sorted(tokens) and tokens[-1] > 3, tokens  # the trained draft accepts
-    for row in result["costs"]:  # both depths timed at both batch sizes, in vLLM, in two engine starts each
-        assert set(row["ms_per_step"]) == {"1", "16"} and all(ms > 0 for ms in row["ms_per_step"].values()), row
+    for row in result["costs"]:  # three depths timed at both batch sizes, in vLLM, in two engine starts each
+        assert set(row["ms_per_step"]) == {"1", "8", "16"} and all(ms > 0 for ms in row["ms_per_step"].values()), row
         assert all(len(ms) == 2 and row["ms_per_step"][k] == min(ms) for k, ms in row["ms_per_step_rounds"].items())
+        assert row["line_miss"] >= 0 and "misses a timed depth by" in done.stdout
     starts = [line.split(", batch")[0] for line in done.stdout.splitlines() if ", batch 1:" in line]
-    assert starts == ["round 1, depth 1", "round 1, depth 16", "round 2, depth 16", "round 2, depth 1"], starts
+    assert starts == [f"round {r}, depth {d}" for r, ds in ((1, (1, 8, 16)), (2, (16, 8, 1))) for d in ds], starts
     replay = result["replay"]
     est = AcceptanceEstimate(replay["drafts"], sum(replay["per_position"]), replay["per_position"])
     for row in result["costs"]:  # the drafter's own share, timed inside the same steps

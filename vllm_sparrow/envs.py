@@ -18,7 +18,8 @@ tell "not set" from "set to off".
 Read, not owned: RANK, WORLD_SIZE, LOCAL_RANK (torchrun's; cli.py, training/train.py),
 TRITON_INTERPRET (Triton's; attention.py) and VLLM_MAX_IMAGE_PIXELS (vLLM's; video.py) are read
 where they are used, as their owners define them; vLLM's VLLM_ENABLE_V1_MULTIPROCESSING is set
-here, around the opening of an engine whose steps are timed (engine_core_in_this_process). SPARROW_DEVICE and SPARROW_FORCE_SETUP belong
+here, around the opening of an engine whose steps are timed (engine_core_in_this_process), and
+so is VLLM_CPU_KVCACHE_SPACE where the user left it unset (cpu_kv_cache_unless_set). SPARROW_DEVICE and SPARROW_FORCE_SETUP belong
 to `make setup` (Makefile, tools/); the package never reads them.
 
 Standard library only (no torch, no vLLM), so any module may import it; kernels/ import nothing
@@ -253,6 +254,24 @@ def engine_core_in_this_process() -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = saved
+
+
+@contextlib.contextmanager
+def cpu_kv_cache_unless_set(gib: int) -> Iterator[None]:
+    """vLLM's VLLM_CPU_KVCACHE_SPACE=gib while engines are opened in the block, unless the user set
+    it (theirs wins). Only vLLM's CPU backend reads it. Unset, that backend sizes the KV cache from
+    the free memory and refuses to start when less than its share is free: `sparrow tune` opens
+    one engine after another, and on a 24 GiB machine the second float32 engine was refused
+    (21.67 of 21.7 GiB asked free). A fixed cache takes no such check."""
+    name = "VLLM_CPU_KVCACHE_SPACE"
+    if os.environ.get(name, "").strip():
+        yield
+        return
+    os.environ[name] = str(gib)
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
 
 
 # ---- what a Ray replica gets from its driver -----------------------------------------------------

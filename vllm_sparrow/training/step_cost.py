@@ -12,16 +12,20 @@ step is bound by reading its weights, so verifying 9 tokens costs about what ver
 while each draft forward is a sequential launch; at batch 64 every verified token counts. A
 chain's choice sees only their sum, but a tree (N verified nodes at depth D: 1 + N verify +
 D draft) does not, and neither does any choice between drafting more and verifying more. So
-they are measured, not assumed: the real engine serves the draft at two depths, `batch`
-requests decode together, the median time of their decode steps gives the line through the two
-points, and the drafter's own time inside those steps (engine_stats.time_drafting: synchronised
-on CUDA) gives the draft's line; the verifier's is the difference.
+they are measured, not assumed: the real engine serves the draft at several depths (tune's
+default: 1, the middle and the deepest), `batch` requests decode together, and the median time of
+their decode steps at each depth gives the least-squares line through those points, and the
+drafter's own time inside those steps (engine_stats.time_drafting: synchronised on CUDA) gives the
+draft's line; the verifier's is the difference. The line's worst miss at a timed depth is
+reported beside it (describe: line_miss): a line through depths 1 and 16 alone priced every depth
+between as if the cost were linear, and nothing said whether it was.
 
 A decode step is one `LLMEngine.step()` after every request of the batch has its first token
 (so no prefill is inside) while all of them still run (max_tokens keeps them running); the
 first `WARMUP_STEPS` are not timed (first-call allocations).
 
-Each depth's engine is started `rounds` times, the depths alternating (1, 8, 8, 1, ...), and a
+Each depth's engine is started `rounds` times, the order of depths reversed every other round
+(1, 8, 16, 16, 8, 1, ...), and a
 depth's cost is its fastest start's: engines vary from start to start (on a 2-core CPU one tune
 run's depth-1 engine ran 1.6-1.9x slower at every batch size than the same engine in two other
 runs, and that run chose depth 8 at batch 16 where the others chose 2-3), and one slow start
@@ -46,8 +50,15 @@ class StepCost:
     draft_seconds: dict[int, float] = field(default_factory=dict)  # depth -> the drafter's seconds in that step
 
     def line(self) -> tuple[float, float]:
-        """(fixed, per_token) seconds through the shallowest and deepest measured depths."""
+        """(fixed, per_token) seconds: the least-squares line through every measured depth."""
         return _line(self.seconds, self.batch)
+
+    @property
+    def line_miss(self) -> float:
+        """The line's largest miss at a measured depth, relative to that depth's measured step
+        (0: the cost is linear in depth as far as the timings tell)."""
+        fixed, per_token = self.line()
+        return max(abs(fixed + k * per_token - t) / t for k, t in self.seconds.items())
 
     @property
     def per_token(self) -> float:
@@ -70,11 +81,16 @@ class StepCost:
 
 
 def _line(seconds: dict[int, float], batch: int) -> tuple[float, float]:
-    (k1, t1), (k2, t2) = min(seconds.items()), max(seconds.items())
-    if k1 == k2:
+    """(fixed, per_token): the least-squares line through (depth, seconds); with two depths, the
+    line through both."""
+    if len(seconds) < 2:
         raise ValueError(f"batch {batch}: two depths are needed, measured {sorted(seconds)}")
-    per_token = max(0.0, (t2 - t1) / (k2 - k1))  # timing noise must not make tokens free of charge
-    return max(t1 - k1 * per_token, 1e-9), per_token
+    n = len(seconds)
+    mean_k, mean_t = sum(seconds) / n, sum(seconds.values()) / n
+    slope = (sum((k - mean_k) * (t - mean_t) for k, t in seconds.items())
+             / sum((k - mean_k) ** 2 for k in seconds))
+    per_token = max(0.0, slope)  # timing noise must not make tokens free of charge
+    return max(mean_t - mean_k * per_token, 1e-9), per_token
 
 
 def decode_step_seconds(llm, requests: list[dict], params, batch: int, steps: int) -> tuple[float, float]:
@@ -114,7 +130,7 @@ def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2]
 
 
-def measure_step_costs(open_engine, requests: list[dict], params, batch_sizes: list[int], depths: tuple[int, int],
+def measure_step_costs(open_engine, requests: list[dict], params, batch_sizes: list[int], depths: tuple[int, ...],
                        steps: int, progress=print, rounds: int = 2) -> list[StepCost]:
     """StepCost per batch size: open_engine(depth) gives an LLM serving the draft at `depth`
     (closed here when done); each batch size decodes `steps` timed steps at each depth, in each
@@ -148,7 +164,8 @@ def measure_step_costs(open_engine, requests: list[dict], params, batch_sizes: l
 
 def describe(costs: list[StepCost]) -> list[dict[str, Any]]:
     """JSON-friendly rows: batch, ms per step and of it drafting at each depth, fixed and per-token ms,
-    relative costs (per drafted-and-verified token, and its draft and verify shares)."""
+    relative costs (per drafted-and-verified token, and its draft and verify shares), and the line's
+    worst miss at a timed depth."""
     rows = []
     for c in costs:
         fixed, per_token = c.line()
@@ -157,5 +174,5 @@ def describe(costs: list[StepCost]) -> list[dict[str, Any]]:
                      "draft_ms_per_step": {str(k): round(1e3 * s, 3) for k, s in sorted(c.draft_seconds.items())},
                      "fixed_ms": round(1e3 * fixed, 3), "per_token_ms": round(1e3 * per_token, 3),
                      "per_token_cost": round(c.per_token, 4), "draft_token_cost": round(c.draft_token, 4),
-                     "verify_token_cost": round(c.verify_token, 4)})
+                     "verify_token_cost": round(c.verify_token, 4), "line_miss": round(c.line_miss, 4)})
     return rows

@@ -3,7 +3,8 @@ the draft's held-out acceptance, written into its config.json for the plugin to 
 
     sparrow tune --draft DRAFT --capture CAP [--batch-sizes 1,4,16,64] [--write]
 
-1. Cost (step_cost.py): vLLM serves the draft at depth 1 and at `max_depth` on this machine,
+1. Cost (step_cost.py): vLLM serves the draft at `cost_points` depths from 1 to `max_depth` on
+   this machine (the least-squares line through them prices every depth),
    with the held-out samples' own prompts (their videos, so the verify step attends over the
    context users send), and times the decode steps at each batch size and the drafter's share of
    them, so one more drafted token's cost is known as a draft forward's and a verified token's;
@@ -46,6 +47,13 @@ def batch_sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def cost_depths(max_depth: int, points: int) -> tuple[int, ...]:
+    """`points` depths evenly spaced from 1 to max_depth, e.g. (16, 3) -> (1, 8, 16)."""
+    if points < 2 or max_depth < 2:
+        raise ValueError(f"cost_points={points}, max_depth={max_depth}: the cost line needs two depths at least")
+    return tuple(sorted({1 + (i * (max_depth - 1)) // (points - 1) for i in range(points)}))
+
+
 def node_counts(text: str) -> tuple[int, ...]:
     return tuple(sorted({int(s) for s in str(text).split(",") if s.strip()}))
 
@@ -62,8 +70,10 @@ class TuneConfig:
     batch_sizes: tuple[int, ...] = knob((1, 4, 16, 64), parse=batch_sizes,
                                         help="batch sizes to measure, comma-separated, from 1 (each one's depth serves "
                                        "up to the next)")
-    max_depth: int = knob(MAX_SPECULATIVE_TOKENS, "deepest depth considered (the replay's depth; the cost is "
-                                                  "measured at 1 and at this)")
+    max_depth: int = knob(MAX_SPECULATIVE_TOKENS, "deepest depth considered (the replay's depth and the deepest "
+                                                  "one timed)")
+    cost_points: int = knob(3, "depths timed, evenly spaced from 1 to max_depth (at least 2): each drafted token "
+                               "is priced by the least-squares line through them, and its worst miss is reported")
     tree_nodes: tuple[int, ...] = knob((8, 16, 32), parse=node_counts,
                                        help="tree sizes whose verification is priced against the chain, "
                                             "comma-separated (empty: none)")
@@ -75,6 +85,9 @@ class TuneConfig:
     num_frames: int = knob(16, "frames per video, as served", flag="--frames")
     write: bool = knob(False, "store the schedule and the batch-1 depth in the draft's config.json")
     out: str | None = knob(None, "also write the measurements and the choice as JSON here")
+    cpu_kv_cache_gib: int = knob(4, "KV cache per engine in GiB on a CPU machine when VLLM_CPU_KVCACHE_SPACE is "
+                                    "unset (vLLM's CPU default sizes it from free memory, which tune's next engine "
+                                    "can find short); a GPU ignores it")
     engine_args: dict[str, Any] = knob(default_factory=dict, help='extra LLM(...) arguments as JSON: the settings '
                                        'you serve with (dtype, enforce_eager, ...), since the costs are the serving '
                                        'engine\'s, e.g. {"max_model_len": 32768, "dtype": "float32", '
@@ -100,7 +113,8 @@ class TuneResult:
             depth = depth_at.get(c["batch"], self.schedule[-1][2])
             rows.append(f"batch {c['batch']}: {c['fixed_ms']:.2f} ms per step + {c['per_token_ms']:.2f} ms per drafted "
                         f"token ({c['per_token_cost']:.3f} of a step: draft {c['draft_token_cost']:.3f}, verify "
-                        f"{c['verify_token_cost']:.3f}) -> depth {depth}")
+                        f"{c['verify_token_cost']:.3f}; the line misses a timed depth by {c['line_miss']:.1%} at most) "
+                        f"-> depth {depth}")
             verdict = self.trees.get("verdicts", {}).get(str(c["batch"]))
             if verdict:
                 rows.append(f"  tree verification (not served: vLLM verifies chains) would be best as "
@@ -123,7 +137,7 @@ def tune(cfg: TuneConfig, progress=print) -> TuneResult:
     settings = _capture_settings(cfg.capture)  # a clear error for a folder that is no capture
     requests, params = _requests(cfg, settings)
     costs = measure_step_costs(lambda depth: _engine(cfg, settings["target"], depth), requests, params, cfg.batch_sizes,
-                               (1, cfg.max_depth), cfg.steps, progress, cfg.rounds)
+                               cost_depths(cfg.max_depth, cfg.cost_points), cfg.steps, progress, cfg.rounds)
     # the replays after the engines are gone: the transformers target is a second whole copy of
     # the target's weights, never held beside vLLM's
     draft, target, held_out = _held_out(cfg, settings["target"])
@@ -238,7 +252,8 @@ def _engine(cfg: TuneConfig, target: str, depth: int):
     # the drafter's timer is read across processes by name (engine_stats.StatsWorkerExtension)
     args = dict(limit_mm_per_prompt={"video": 1, "image": 1}, max_num_seqs=max(cfg.batch_sizes),
                 speculative_config=spec, worker_extension_cls=EXTENSION)
-    with envs.engine_core_in_this_process():  # step_cost times engine.step(): the core must run inside it
+    # step_cost times engine.step(): the core must run inside it
+    with envs.engine_core_in_this_process(), envs.cpu_kv_cache_unless_set(cfg.cpu_kv_cache_gib):
         return open_engine(target, {**args, **cfg.engine_args})
 
 

@@ -51,7 +51,8 @@ RUNS = {
     "tree-replay": ("python benchmarks/tree_replay.py --world easy --lengths 512,6144,17408 --clips 4 "
                     "--out runs/published/tree-replay", 10),
     "op-count": ("python benchmarks/op_count.py --out runs/published/op-count", 2),
-    "draft-step-cache": ("python benchmarks/draft_step_cache.py --out runs/published/draft-step-cache", 1),
+    # 9 repeats a length: at 3, one length's repeats spread by a fifth on a noisy day (2026-12-06).
+    "draft-step-cache": ("python benchmarks/draft_step_cache.py --repeats 9 --out runs/published/draft-step-cache", 2),
     # A real `vllm serve` of the hard world under two phases of 60 rounds of mixed traffic (docs/serving.md).
     "server-soak": ("python benchmarks/server_soak.py --out runs/published/server-soak", 14),
     # The same server under six shorter phases: when does each method's memory level off?
@@ -87,11 +88,14 @@ RUNS = {
     # Issue 45's verdict on sparrow tune: the tuned copy (run hard-tune first) beside Sparrow at every
     # fixed depth of hard-depth, Sparrow alone, at the length tune measured its costs at, in three
     # rounds whose order changes (each method's own engine every round; the median counts): one
-    # engine start a cell, as hard-depth has, cannot rank depths on a machine whose starts vary.
+    # engine start a cell, as hard-depth has, cannot rank depths on a machine whose starts vary,
+    # and three rounds left every tuned range overlapping the best fixed depth's (2026-12-06).
     "hard-tune-vs-fixed": ("sparrow bench --world hard --lengths 6144 --batch-sizes 1,4,16 --methods none --k 5 "
-                           "--rounds 3 " + " ".join(f"--ablation sparrow-{k}={HARD}@{k}" for k in (5, 8, 12, 16))
+                           "--rounds 7 " + " ".join(f"--ablation sparrow-{k}={HARD}@{k}" for k in (5, 8, 12, 16))
                            + " --ablation tuned=runs/published/hard-tune/draft@auto "
-                           "--out runs/published/hard-tune-vs-fixed", 35),
+                           "--out runs/published/hard-tune-vs-fixed", 32),
+    # IVSB on the hard world (ivsb-keep is the easy world's): which visual-state samples to keep.
+    "hard-ivsb-keep": ("python benchmarks/ivsb_keep.py --world hard --k 5 --out runs/published/hard-ivsb-keep", 20),
     # Acceptance against length with 6 scenes a length (hard-k5 has 2): one round, speed aside.
     "hard-k5-clips6": ("sparrow bench --world hard --k 5 --methods none,sparrow,eagle --clips 6 --rounds 1 "
                        "--out runs/published/hard-k5-clips6", 15),

@@ -106,6 +106,22 @@ def test_tune_gives_cpu_engines_a_fixed_kv_cache_unless_the_user_set_one(monkeyp
         assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "9"  # the user's wins
 
 
+def test_tune_times_steps_at_the_captures_frames_unless_told(tmp_path, monkeypatch):
+    """A verified token's cost grows with the context: tune's requests carry the capture's frames
+    (the replay's context), or --frames where the user serves another."""
+    import vllm_sparrow.training.data as data_module
+    from vllm_sparrow.training.tune import TuneConfig, _requests
+
+    video = DEMO_MODELS.parent.parent / "examples" / "videos" / "world_32s.mp4"
+    (tmp_path / "data.jsonl").write_text(json.dumps({"video": str(video), "prompt": "describe the video ."}) + "\n")
+    seen = []
+    monkeypatch.setattr(data_module, "load_media", lambda sample, frames: seen.append(frames) or "frames")
+    settings = {"target": str(DEMO_MODELS / "target"), "data": str(tmp_path / "data.jsonl"), "num_frames": 40}
+    _requests(TuneConfig(draft="d", capture="c", samples=1), settings)
+    _requests(TuneConfig(draft="d", capture="c", samples=1, num_frames=8), settings)
+    assert seen == [40, 8]
+
+
 def _capture_two_clips(tmp_path):
     from vllm_sparrow.training.capture import CaptureConfig, capture
 
@@ -125,7 +141,7 @@ def test_tune_measures_steps_in_vllm_and_writes_the_schedule_its_costs_choose(tm
     out = tmp_path / "tune.json"
     done = subprocess.run(
         [sys.executable, "-m", "vllm_sparrow.cli", "tune", "--draft", str(draft), "--capture", str(cap),
-         "--samples", "2", "--batch-sizes", "1,3", "--steps", "9", "--frames", "64", "--out", str(out), "--write",
+         "--samples", "2", "--batch-sizes", "1,3", "--steps", "9", "--out", str(out), "--write",
          "--engine-args", json.dumps({"max_model_len": 1536})],
         capture_output=True, text=True, timeout=600,
         # as a user runs it: vLLM's engine core in its own process unless tune keeps it in (it must,
@@ -147,7 +163,7 @@ def test_tune_measures_steps_in_vllm_and_writes_the_schedule_its_costs_choose(tm
     replay = result["replay"]
     est = AcceptanceEstimate(replay["drafts"], sum(replay["per_position"]), replay["per_position"])
     for row in result["costs"]:  # the drafter's own share, timed inside the same steps
-        assert set(row["draft_ms_per_step"]) == {"1", "16"} and 0 < row["draft_ms_per_step"]["1"] < row["ms_per_step"]["1"]
+        assert set(row["draft_ms_per_step"]) == {"1", "8", "16"} and 0 < row["draft_ms_per_step"]["1"] < row["ms_per_step"]["1"]
         assert row["draft_token_cost"] + row["verify_token_cost"] == pytest.approx(row["per_token_cost"], abs=2e-4)
     expected = depth_schedule(est, {r["batch"]: (r["draft_token_cost"], r["verify_token_cost"])
                                     for r in result["costs"]})

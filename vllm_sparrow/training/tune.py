@@ -82,7 +82,8 @@ class TuneConfig:
     steps: int = knob(12, "decode steps timed per batch size and depth")
     rounds: int = knob(2, "engine starts per depth, alternating depths; each depth costs its fastest start's "
                           "time (engines vary from start to start)")
-    num_frames: int = knob(16, "frames per video, as served", flag="--frames")
+    num_frames: int | None = knob(None, "frames per video, as served (default: the capture's, so the steps are timed "
+                                        "at the context the replay measured)", flag="--frames")
     write: bool = knob(False, "store the schedule and the batch-1 depth in the draft's config.json")
     out: str | None = knob(None, "also write the measurements and the choice as JSON here")
     cpu_kv_cache_gib: int = knob(4, "KV cache per engine in GiB on a CPU machine when VLLM_CPU_KVCACHE_SPACE is "
@@ -237,7 +238,11 @@ def _requests(cfg: TuneConfig, settings: dict) -> tuple[list[dict], Any]:
     for sample in good:
         request: dict[str, Any] = {"prompt": template(sample)}
         if sample.media_kind is not None:
-            request["multi_modal_data"] = {sample.media_kind: load_media(sample, cfg.num_frames)}
+            # a verified token's cost grows with the context it attends over: time it at the
+            # capture's frames unless told (a 16-frame default timed the hard draft's 6,144-token
+            # replay at a far shorter context, and chose depths the served length could not afford)
+            frames = cfg.num_frames or settings.get("num_frames", 16)
+            request["multi_modal_data"] = {sample.media_kind: load_media(sample, frames)}
         requests.append(request)
     max_tokens = (cfg.steps + 8) * (cfg.max_depth + 1)
     return requests, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)

@@ -31,6 +31,8 @@ def main(argv=None) -> int:
     ap.add_argument("--data", required=True)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--batch-sizes", default="1,4,16")
+    ap.add_argument("--visual-tokens", type=int, default=6144,
+                    help="the capture's visual tokens a video: sizes the engine's budget as the bench does")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     from sparrow_world.bench.config import BenchConfig
@@ -41,7 +43,12 @@ def main(argv=None) -> int:
     # second engine in one process asks for 0.92 of the memory free, which the first one's leftovers deny
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     bench = BenchConfig()
-    serving = {"dtype": bench.dtype, "enforce_eager": enforce_eager(bench)}  # the engine bench serves it in
+    # the engine bench serves it in; tune times the capture's whole videos (its frames), so the
+    # engine's token budget must hold a batch of them, as the bench's does (engines.open_engine)
+    sizes = batch_sizes(args.batch_sizes)
+    max_len = args.visual_tokens + 256 + bench.max_tokens + 64
+    serving = {"dtype": bench.dtype, "enforce_eager": enforce_eager(bench), "max_model_len": max_len,
+               "max_num_batched_tokens": max(8192, max_len * max(sizes))}
 
     out = Path(args.out)
     copy = out / "draft"
@@ -49,7 +56,7 @@ def main(argv=None) -> int:
         shutil.rmtree(copy)
     shutil.copytree(args.draft, copy)
     result = tune(TuneConfig(draft=str(copy), capture=args.capture, data=args.data, samples=args.samples,
-                             batch_sizes=batch_sizes(args.batch_sizes), write=True, out=str(out / "results.json"),
+                             batch_sizes=sizes, write=True, out=str(out / "results.json"),
                              engine_args=serving))
     print(result.summary())
     return 0

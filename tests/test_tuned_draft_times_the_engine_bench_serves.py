@@ -34,6 +34,10 @@ def test_tune_opens_the_engine_the_bench_serves(tmp_path, monkeypatch):
     out = tmp_path / "out"
     assert tuned_draft.main(["--draft", str(draft), "--capture", "cap", "--data", "d.jsonl", "--out", str(out)]) == 0
     cfg, bench = seen["cfg"], BenchConfig()
-    assert cfg.engine_args == {"dtype": bench.dtype, "enforce_eager": enforce_eager(bench)}
+    args = cfg.engine_args
+    assert (args["dtype"], args["enforce_eager"]) == (bench.dtype, enforce_eager(bench))
+    # tune times the capture's whole 6,144-token videos, 16 at once: the budget holds them (vLLM's
+    # default, 4,096 tokens, refused one such video)
+    assert args["max_model_len"] > 6144 + bench.max_tokens and args["max_num_batched_tokens"] >= 16 * 6144
     assert cfg.draft == str(out / "draft") and (out / "draft" / "config.json").is_file()  # the copy, not the draft
     assert cfg.write

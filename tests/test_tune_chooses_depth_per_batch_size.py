@@ -122,6 +122,21 @@ def test_tune_times_steps_at_the_captures_frames_unless_told(tmp_path, monkeypat
     assert seen == [40, 8]
 
 
+def test_a_video_too_long_for_the_engines_budget_gets_an_error_saying_what_to_pass(monkeypatch):
+    import vllm_sparrow.training.step_cost as step_cost
+    import vllm_sparrow.training.tune as tune_module
+
+    def refused(*args, **kwargs):  # what vLLM raises when add_request meets a video over its budget
+        raise RuntimeError("The decoder prompt contains a(n) video item with 6144 embedding tokens, which exceeds "
+                           "the pre-allocated encoder cache size 4096.")
+
+    monkeypatch.setattr(tune_module, "_capture_settings", lambda capture: {"target": "t"})
+    monkeypatch.setattr(tune_module, "_requests", lambda cfg, settings: ([], None))
+    monkeypatch.setattr(step_cost, "measure_step_costs", refused)
+    with pytest.raises(ValueError, match="max_num_batched_tokens.*fewer --frames"):
+        tune_module.tune(tune_module.TuneConfig(draft="d", capture="c"), progress=lambda *_: None)
+
+
 def _capture_two_clips(tmp_path):
     from vllm_sparrow.training.capture import CaptureConfig, capture
 

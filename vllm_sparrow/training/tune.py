@@ -137,8 +137,17 @@ def tune(cfg: TuneConfig, progress=print) -> TuneResult:
 
     settings = _capture_settings(cfg.capture)  # a clear error for a folder that is no capture
     requests, params = _requests(cfg, settings)
-    costs = measure_step_costs(lambda depth: _engine(cfg, settings["target"], depth), requests, params, cfg.batch_sizes,
-                               cost_depths(cfg.max_depth, cfg.cost_points), cfg.steps, progress, cfg.rounds)
+    try:
+        costs = measure_step_costs(lambda depth: _engine(cfg, settings["target"], depth), requests, params,
+                                   cfg.batch_sizes, cost_depths(cfg.max_depth, cfg.cost_points), cfg.steps, progress,
+                                   cfg.rounds)
+    except Exception as e:  # vLLM's validation error for a video its token budget cannot hold
+        if "encoder cache" not in str(e):
+            raise
+        raise ValueError(f"{e}\nsparrow tune times the capture's whole videos (--frames, default the capture's): "
+                         "give the engine room for them, e.g. --engine-args '{\"max_num_batched_tokens\": N, "
+                         "\"max_model_len\": M}' with N at least a video's tokens times the largest batch size "
+                         "and M a video's tokens plus the prompt and answer, or pass fewer --frames") from e
     # the replays after the engines are gone: the transformers target is a second whole copy of
     # the target's weights, never held beside vLLM's
     draft, target, held_out = _held_out(cfg, settings["target"])

@@ -86,10 +86,10 @@ RUNS = {
                               f"--ablation eagle3-{k}=eagle3@{k}" for k in (5, 8, 12, 16))
                    + " --ablation tuned=runs/published/hard-tune/draft@auto --out runs/published/hard-depth", 70),
     # Issue 45's verdict on sparrow tune: the tuned copy (run hard-tune first) beside Sparrow at every
-    # fixed depth of hard-depth, Sparrow alone, at the length tune measured its costs at, in three
+    # fixed depth of hard-depth, Sparrow alone, at the length tune measured its costs at, in seven
     # rounds whose order changes (each method's own engine every round; the median counts): one
     # engine start a cell, as hard-depth has, cannot rank depths on a machine whose starts vary,
-    # and three rounds left every tuned range overlapping the best fixed depth's (2026-12-06).
+    # and three rounds did not order the fixed depths at all (2026-12-06).
     "hard-tune-vs-fixed": ("sparrow bench --world hard --lengths 6144 --batch-sizes 1,4,16 --methods none --k 5 "
                            "--rounds 7 " + " ".join(f"--ablation sparrow-{k}={HARD}@{k}" for k in (5, 8, 12, 16))
                            + " --ablation tuned=runs/published/hard-tune/draft@auto "
@@ -391,7 +391,7 @@ def _overlap(data: dict, methods: list[str]) -> str:
 
 
 def _rate_cell(r: dict) -> str:
-    lo, hi = r.get("decode_tok_s_range", [r["decode_tok_s"]] * 2)
+    lo, hi = r["decode_tok_s_range"]
     return f"{r['decode_tok_s']:,.0f} ({lo:,.0f}-{hi:,.0f}; {r['acceptance_length']:.2f})"
 
 
@@ -498,7 +498,7 @@ def hard_tune() -> str:
     verdicts = data["trees"].get("verdicts", {})
     rows = [[str(c["batch"]), f"{c['fixed_ms']:.2f}", f"{c['per_token_ms']:.2f}",
              f"{c['draft_token_cost']:.3f} + {c['verify_token_cost']:.3f}",
-             f"{c['line_miss']:.1%}" if "line_miss" in c else "-",
+             f"{c['line_miss']:.1%}",
              str(depth_at.get(c["batch"], schedule[-1][2])), verdicts.get(str(c["batch"]), {}).get("best", "-")]
             for c in data["costs"]]
     costs = _table(["batch", "ms per step", "ms per drafted token", "a drafted token, in steps (draft + verify)",

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     from sparrow_world.bench.config import BenchConfig
-    from sparrow_world.bench.engines import enforce_eager
+    from sparrow_world.bench.engines import enforce_eager, token_budget
     from vllm_sparrow.training.tune import TuneConfig, batch_sizes, tune
 
     # the bench's fixed KV cache on the CPU build (engines.open_engine): with vLLM's default a
@@ -46,9 +46,8 @@ def main(argv=None) -> int:
     # the engine bench serves it in; tune times the capture's whole videos (its frames), so the
     # engine's token budget must hold a batch of them, as the bench's does (engines.open_engine)
     sizes = batch_sizes(args.batch_sizes)
-    max_len = args.visual_tokens + 256 + bench.max_tokens + 64
-    serving = {"dtype": bench.dtype, "enforce_eager": enforce_eager(bench), "max_model_len": max_len,
-               "max_num_batched_tokens": max(8192, max_len * max(sizes))}
+    serving = {"dtype": bench.dtype, "enforce_eager": enforce_eager(bench),
+               **token_budget(bench, args.visual_tokens, max(sizes))}
 
     out = Path(args.out)
     copy = out / "draft"

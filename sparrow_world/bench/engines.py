@@ -104,6 +104,14 @@ def _draft_variant(draft: Path, dest: Path, pairs: list[str]) -> Path:
     return dest
 
 
+def token_budget(cfg: BenchConfig, max_visual_tokens: int, max_num_seqs: int) -> dict[str, int]:
+    """The bench's max_model_len and max_num_batched_tokens for videos of max_visual_tokens:
+    every prompt of a batch prefilled in one step, so a batch's decode window (first token to
+    last) holds decode steps only, not other requests' prefills."""
+    max_len = max_visual_tokens + 256 + cfg.max_tokens + 64  # prompt text + caption + margin
+    return {"max_model_len": max_len, "max_num_batched_tokens": max(8192, max_len * max_num_seqs)}
+
+
 def open_engine(method: str, cfg: BenchConfig, max_visual_tokens: int, max_num_seqs: int = 4,
                 keep_calls: bool = False, **engine_args):
     """An in-process engine for `method` at cfg's dtype, K and graph setting, its draft timed;
@@ -114,11 +122,8 @@ def open_engine(method: str, cfg: BenchConfig, max_visual_tokens: int, max_num_s
     # CPU build: a KV cache of fixed size. Without one, vLLM asks for 0.92 of the NUMA node's memory
     # to be free at start-up, which fails once an earlier engine of this process has run (seen here).
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    max_len = max_visual_tokens + 256 + cfg.max_tokens + 64  # prompt text + caption + margin
-    # Every prompt of a batch prefilled in one step, so a batch's decode window (first token to
-    # last) holds decode steps only, not other requests' prefills.
-    args = dict(model=cfg.target, dtype=cfg.dtype, enforce_eager=enforce_eager(cfg), max_model_len=max_len,
-                max_num_batched_tokens=max(8192, max_len * max_num_seqs), max_num_seqs=max_num_seqs,
+    args = dict(model=cfg.target, dtype=cfg.dtype, enforce_eager=enforce_eager(cfg),
+                **token_budget(cfg, max_visual_tokens, max_num_seqs), max_num_seqs=max_num_seqs,
                 disable_log_stats=False,
                 limit_mm_per_prompt={"video": 1}, speculative_config=speculative_config(method, cfg))
     llm = LLM(**{**args, **engine_args})

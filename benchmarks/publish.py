@@ -16,9 +16,11 @@ table. tests/test_published_numbers_come_from_their_files.py runs `check`.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -373,21 +375,49 @@ def hard_tune_vs_fixed() -> str:
     rounds = data["settings"]["rounds"]
     return (_table(header, rows) + f"\n\nDecode tokens/s, median (min-max) over {rounds} rounds, each method in its "
             "own engine every round, in another order every round; acceptance length after the semicolon. "
-            + _tuned_verdict(data) + " " + _overlap(data, methods) + " " + _equality("hard-tune-vs-fixed") + " "
-            + _source("hard-tune-vs-fixed"))
+            + _equality("hard-tune-vs-fixed") + " " + _source("hard-tune-vs-fixed") + "\n\n" + _paired(data))
 
 
-def _overlap(data: dict, methods: list[str]) -> str:
-    """Per batch size, whether the tuned copy's range over the rounds overlaps the range of the
-    fixed depth with the best median: where it does, the rounds do not separate them."""
-    parts = []
+# Two-sided 95% quantiles of Student's t by degrees of freedom (rounds - 1); past 30, the normal's.
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+       10: 2.228, 11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110,
+       18: 2.101, 19: 2.093, 20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060,
+       26: 2.056, 27: 2.052, 28: 2.048, 29: 2.045, 30: 2.042}
+
+
+def paired_ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """a over b, paired by round: the geometric mean of the rounds' ratios and its 95% interval
+    (Student's t on the log ratios). A round runs every method back to back, so the machine's
+    speed that round (which moves every method's rate alike, by up to a fifth between rounds
+    here) cancels in the ratio of two of its cells, where it widens each cell's range."""
+    logs = [math.log(x / y) for x, y in zip(a, b, strict=True)]
+    mean = statistics.fmean(logs)
+    half = T95.get(len(logs) - 1, 1.96) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def _paired_cells(data: dict, n: int, b: int) -> dict[int, tuple[float, float, float]]:
+    tuned = _cell(data, "tuned", n, b)["per_round"]["decode_tok_s"]
+    return {k: paired_ratio(tuned, _cell(data, f"sparrow-{k}", n, b)["per_round"]["decode_tok_s"]) for k in DEPTHS}
+
+
+def _paired(data: dict) -> str:
+    """Tuned against each fixed depth round by round, and the verdict: slower than a fixed depth
+    only where the whole 95% interval of the ratio lies below 1."""
+    rows, behind, level = [], [], []
     for n in _lengths(data):
         for b in sorted({r["batch"] for r in data["records"]}):
-            cells = {m: _cell(data, m, n, b) for m in methods}
-            best = max((m for m in methods if m != "tuned"), key=lambda m: cells[m]["decode_tok_s"])
-            (lo, hi), (blo, bhi) = cells["tuned"]["decode_tok_s_range"], cells[best]["decode_tok_s_range"]
-            parts.append(f"batch {b}: {'overlap' if lo <= bhi and blo <= hi else 'apart'}")
-    return "The tuned copy's range against the best fixed depth's, over the rounds: " + ", ".join(parts) + "."
+            cells = _paired_cells(data, n, b)
+            rows.append([_n(n), str(b)] + [f"{g:.2f}x ({lo:.2f}-{hi:.2f})" for g, lo, hi in cells.values()])
+            behind += [f"depth {k} at batch {b}" for k, (g, lo, hi) in cells.items() if hi < 1]
+            level += [f"depth {k} at batch {b} ({g:.2f}x)" for k, (g, lo, hi) in cells.items() if lo <= 1 <= hi]
+    verdict = (f"Tune's choice is slower than {', '.join(behind)}: there the whole interval lies below 1." if behind
+               else "Tune's choice is slower than no fixed depth at any batch size: no interval lies below 1"
+               + (f"; these rounds do not separate it from {', '.join(level)}." if level else "."))
+    return ("Tuned over each fixed depth, round by round: the geometric mean of the same round's ratio, "
+            "its 95% interval in brackets (Student's t over the rounds' log ratios; a round's machine "
+            "speed cancels in the ratio of two of its cells):\n\n"
+            + _table(["visual tokens", "batch"] + [f"over depth {k}" for k in DEPTHS], rows) + "\n\n" + verdict)
 
 
 def _rate_cell(r: dict) -> str:

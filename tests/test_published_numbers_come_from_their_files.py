@@ -7,6 +7,7 @@ published block."""
 
 import importlib.util
 import json
+import math
 import re
 import shlex
 import sys
@@ -151,3 +152,24 @@ def test_runs_start_with_intel_openmp_preloaded(publish, monkeypatch):
     assert publish.runtime_env()["LD_PRELOAD"].split(":") == [str(iomp), "/elsewhere/libx.so"]
     monkeypatch.setenv("LD_PRELOAD", str(iomp))
     assert publish.runtime_env()["LD_PRELOAD"] == str(iomp)  # not twice
+
+
+def test_a_rounds_machine_speed_cancels_in_the_paired_ratio(publish):
+    # the machine's speed moves every method of a round alike: tuned 10% ahead of depth 8 in every
+    # round is exactly 1.10x however far the rounds drift, though the two ranges overlap widely
+    speed = [1.0, 1.6, 0.7, 1.3, 0.9, 1.8, 1.1]
+    fixed = [500 * s for s in speed]
+    tuned = [550 * s for s in speed]
+    assert max(fixed) > min(tuned)
+    g, lo, hi = publish.paired_ratio(tuned, fixed)
+    assert g == pytest.approx(1.10) and lo == pytest.approx(1.10) and hi == pytest.approx(1.10)
+    # the interval is Student's t over the log ratios: by hand for seven rounds (t = 2.447 at 6 df)
+    ratios = [1.05, 0.90, 1.02, 0.97, 1.10, 0.95, 0.99]
+    logs = [math.log(r) for r in ratios]
+    mean, sd = sum(logs) / 7, (sum((x - sum(logs) / 7) ** 2 for x in logs) / 6) ** 0.5
+    g, lo, hi = publish.paired_ratio(ratios, [1.0] * 7)
+    assert (g, lo, hi) == pytest.approx((math.exp(mean), math.exp(mean - 2.447 * sd / 7 ** 0.5),
+                                         math.exp(mean + 2.447 * sd / 7 ** 0.5)))
+    assert lo < 1 < hi  # these rounds do not separate the two
+    # a method behind in every round by 8-15% lies wholly below 1
+    assert publish.paired_ratio([0.92, 0.85, 0.88, 0.90], [1.0] * 4)[2] < 1

@@ -150,13 +150,14 @@ def test_ctrl_c_ends_with_the_resume_hint_and_vllms_output_stays_in_its_log(tmp_
     cmd = [sys.executable, "-m", "vllm_sparrow.cli", "caption", "--target", str(target_dirs(KIND)), "--inputs",
            str(clips), "--out", str(out), "--frames", "8", "--max-tokens", "64", "--chunk", "1",
            "--engine-args", json.dumps({**ENGINE_DEFAULTS, "max_model_len": 2048})]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    # faulthandler: a command that hangs after Ctrl-C is made to dump every thread's stack (below)
+    proc = subprocess.Popen(cmd, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 300
     while not (out.exists() and out.read_bytes().count(b"\n") >= 1) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGINT)  # the command's process group: it and vLLM's engine process
-    stdout, stderr = proc.communicate(timeout=180)
+    stdout, stderr = _communicate_or_show_the_hang(proc, tmp_path / "out.jsonl.vllm.log", timeout=180)
     terminal = stdout + stderr
     assert proc.returncode == 130, terminal[-3000:]
     assert "interrupted:" in stdout and "rerun the same command to resume" in stdout, terminal[-3000:]
@@ -172,6 +173,30 @@ def test_ctrl_c_ends_with_the_resume_hint_and_vllms_output_stays_in_its_log(tmp_
     idle = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert idle.returncode == 0 and f"nothing to do: all {CLIPS} items" in idle.stdout, idle.stdout + idle.stderr
     assert time.time() - t0 < 30  # no engine was started
+
+
+def _communicate_or_show_the_hang(proc: subprocess.Popen, log, timeout: float) -> tuple[str, str]:
+    """proc's output once it exits; if it has not exited within `timeout` seconds, a failure that
+    shows where it hangs: the processes left in its session and, from SIGABRT to the command
+    (PYTHONFAULTHANDLER=1), every thread's stack, which faulthandler writes to fd 2 (the log
+    while vLLM's output is redirected there, else the command's stderr). One such hang was seen
+    in a full `make test` (2026-12-06) and none in runs of this file alone."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    left = [f"{p.pid} {p.status()} {' '.join(p.cmdline())[:160]}" for p in _session(proc.pid)]
+    os.kill(proc.pid, signal.SIGABRT)
+    try:
+        stdout, stderr = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+    for p in _session(proc.pid):
+        p.kill()
+    log_tail = log.read_text(errors="replace")[-6000:] if log.exists() else "(no log)"
+    pytest.fail(f"the command did not exit within {timeout:.0f} s of Ctrl-C\nprocesses left: {left}\n"
+                f"stdout: {stdout[-2000:]}\nstderr: {stderr[-6000:]}\nlog tail: {log_tail}")
 
 
 def _session(sid: int) -> list[psutil.Process]:

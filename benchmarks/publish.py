@@ -89,9 +89,10 @@ RUNS = {
                    + " --ablation tuned=runs/published/hard-tune/draft@auto --out runs/published/hard-depth", 70),
     # Issue 45's verdict on sparrow tune: the tuned copy (run hard-tune first) beside Sparrow at every
     # fixed depth of hard-depth, Sparrow alone, at the length tune measured its costs at, in seven
-    # rounds whose order changes (each method's own engine every round; the median counts): one
-    # engine start a cell, as hard-depth has, cannot rank depths on a machine whose starts vary,
-    # and three rounds did not order the fixed depths at all (2026-12-06).
+    # rounds whose order changes (each method's own engine every round; tuned is compared with each
+    # depth within a round, paired_ratio): one engine start a cell, as hard-depth has, cannot rank
+    # depths on a machine whose starts vary, and three rounds did not order the fixed depths at all
+    # (2026-12-06).
     "hard-tune-vs-fixed": ("sparrow bench --world hard --lengths 6144 --batch-sizes 1,4,16 --methods none --k 5 "
                            "--rounds 7 " + " ".join(f"--ablation sparrow-{k}={HARD}@{k}" for k in (5, 8, 12, 16))
                            + " --ablation tuned=runs/published/hard-tune/draft@auto "
@@ -390,6 +391,9 @@ def paired_ratio(a: list[float], b: list[float]) -> tuple[float, float, float]:
     (Student's t on the log ratios). A round runs every method back to back, so the machine's
     speed that round (which moves every method's rate alike, by up to a fifth between rounds
     here) cancels in the ratio of two of its cells, where it widens each cell's range."""
+    if len(a) < 2:
+        raise ValueError(f"a paired interval needs two rounds at least, not {len(a)}: "
+                         "run the bench with --rounds 2 or more")
     logs = [math.log(x / y) for x, y in zip(a, b, strict=True)]
     mean = statistics.fmean(logs)
     half = T95.get(len(logs) - 1, 1.96) * statistics.stdev(logs) / math.sqrt(len(logs))

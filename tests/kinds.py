@@ -52,6 +52,7 @@ KINDS = {
     "test_cuda_graphs_and_bf16_are_lossless": "engine",
     "test_demo_build_redoes_work_of_old_target": "engine",
     "test_draft_graph_buckets_draft_like_eager": "engine",
+    "test_drafting_follows_the_scheduled_depth": "engine",
     "test_draft_slots_freed_after_aborts_and_preemption": "engine",
     "test_per_request_state_stays_bounded": "engine",
     "test_draft_step_cost_does_not_grow_with_batch": "engine",
@@ -106,6 +107,8 @@ KINDS = {
     "test_tensor_parallel_is_lossless": "demo",
     "test_training_commands_run_as_written": "demo",
     # vllm034
+    "test_drafting_follows_the_scheduled_depth_on_vllm_034": "vllm034",
+    "test_pyav_video_loader_on_vllm_034": "vllm034",
     "test_sparrow_registers_on_vllm_034": "vllm034",
     "test_sparrow_serves_on_a_vllm_034_engine": "vllm034",
     "test_v2_speculator_drafts_like_the_dense_reference": "vllm034",

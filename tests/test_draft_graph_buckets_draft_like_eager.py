@@ -52,7 +52,7 @@ def _drafters(buckets, device="cpu", backend=TorchWindowAttention, capture=False
     make = lambda: SparrowDrafter(model, _IO(device), (7,), backend(), torch.device(device),  # noqa: E731
                                   torch.float32, max_requests=8, max_draft_tokens=K, max_text_tokens=256)
     eager, graphed = make(), make()
-    drafting = GraphDrafting(DecodeGraphs(graphed, K, buckets, capture=capture), ChainDrafting())
+    drafting = GraphDrafting(DecodeGraphs(graphed, K, buckets, capture=capture, depths=(1,)), ChainDrafting())
     drafting.graphs.capture()  # a no-op without capture
     return eager, (graphed, drafting)
 
@@ -66,13 +66,15 @@ def test_captured_graphs_draft_like_the_eager_drafter_on_cuda():
     from vllm_sparrow.attention import TritonWindowAttention
 
     eager, graphed = _drafters([2, 4, 8], "cuda", TritonWindowAttention, capture=True)
-    assert sorted(graphed[1].graphs.graphs) == [2, 4, 8]
+    assert sorted(graphed[1].graphs.graphs) == [(b, k) for b in (2, 4, 8) for k in (1, K)]
     _lockstep(eager, graphed, "cuda")
 
 
 def _lockstep(eager, graphed, device):
     """Drive both drafters with the same random steps (prompts joining decodes, batch sizes
-    changing, requests leaving) and compare every draft. graphed: (drafter, its GraphDrafting)."""
+    changing, requests leaving, the depth moving between the graphs' depths 1 and K and one they
+    do not cover, as an engine's per-batch-size schedule moves it) and compare every draft.
+    graphed: (drafter, its GraphDrafting)."""
     graphed, drafting = graphed
     rnd = random.Random(5)
     reqs = {}  # id -> [seq_len, prompt_len, next_token, drafts]
@@ -100,8 +102,9 @@ def _lockstep(eager, graphed, device):
             nxt.append(reqs[rid][2])
         batch = StepBatch.from_lists(batch_ids, torch.tensor(toks, device=device), torch.cat(hid).to(device),
                                      starts, valid, seq, prompt, torch.tensor(nxt, device=device), mid)
-        a = eager.step(batch, K).ids
-        b = graphed.step(batch, K, greedy, drafting).ids
+        depth = (K, 1, K, 2)[step % 4]
+        a = eager.step(batch, depth).ids
+        b = graphed.step(batch, depth, greedy, drafting).ids
         assert torch.equal(a, b), f"step {step}: {a.tolist()} != {b.tolist()}"
         for i, rid in enumerate(batch_ids):
             reqs[rid][3] = a[i].tolist()
@@ -110,7 +113,7 @@ def _lockstep(eager, graphed, device):
             del reqs[gone]
             eager.release([gone])
             graphed.release([gone])
-    assert drafting.graphs.replays >= 15
+    assert drafting.graphs.replays >= 15 and set(drafting.graphs.depths) == {1, K}
     assert eager.stats()["text_entries"] == graphed.stats()["text_entries"]
 
 

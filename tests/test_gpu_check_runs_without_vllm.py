@@ -170,7 +170,7 @@ import vllm_sparrow.gpu_check.__main__ as m
 m.kernels_from_checkout()
 from vllm_sparrow.drafting.graphs import DecodeGraphs
 real = DecodeGraphs.run
-DecodeGraphs.run = lambda self, batch, slots: (real(self, batch, slots) + 1) % 299
+DecodeGraphs.run = lambda self, batch, slots, **kw: (real(self, batch, slots, **kw) + 1) % 299
 """
     run, report = _run_bare(tmp_path, ["--shapes", "tiny", "--device", "cpu", "--parts", "graphs"], setup)
     assert run.returncode == 1

@@ -171,3 +171,5 @@ def test_vllm_serve_answers_video_chats_with_sparrow(workdir, target_dirs, train
                 model=str(target), messages=[{"role": "user", "content": c}], max_tokens=16, temperature=0.0,
             ).choices[0].message.content for c in chats]
     assert answers["sparrow"] == answers["plain"] and all(answers["plain"]), answers
+    log = (workdir / "v034-server-sparrow.log").read_text()  # the plugin's lines among vLLM's
+    assert "Sparrow draft" in log and "V2 runner glue on vLLM 0.34.0's registry" in log, log[-3000:]

@@ -63,7 +63,12 @@ def built_sampled():
     return _build("probabilistic")
 
 
-def _build(draft_sample_method: str) -> "Runner":
+@pytest.fixture(scope="module")
+def built_adaptive():
+    return _build("probabilistic", adaptive_verification=True)
+
+
+def _build(draft_sample_method: str, adaptive_verification: bool = False) -> "Runner":
     import vllm.v1.worker.cpu.shm  # noqa: F401 - the CPU worker's stand-ins for pinned memory and streams
     from vllm.config import DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
     from vllm.v1.worker.gpu.states import RequestState
@@ -79,6 +84,9 @@ def _build(draft_sample_method: str) -> "Runner":
     config = VllmConfig(model_config=model, speculative_config=spec, device_config=DeviceConfig(device="cpu"),
                         scheduler_config=SchedulerConfig(max_num_seqs=MAX_REQS, max_num_batched_tokens=BUDGET,
                                                          max_model_len=MAX_LEN, is_encoder_decoder=False))
+    # Set after the VllmConfig checks it: on a CPU the engine refuses adaptive verification (it needs full
+    # CUDA graphs); below the runner the speculator takes it as on a GPU.
+    spec.enable_adaptive_verification = adaptive_verification
     states = RequestState(MAX_REQS, MAX_LEN, BUDGET, K, model.get_vocab_size(), torch.device("cpu"))
     speculator = SparrowSpeculator(config, torch.device("cpu"), req_states=states)
     target = TargetHeads()  # the drafter holds it weakly, as it does vLLM's target
@@ -106,6 +114,7 @@ class Runner:
         self.records: list[dict] = []
         self.host_reads: list[str] = []
         self.temperature = torch.zeros(MAX_REQS)  # [max_num_reqs] by request-state slot, as vLLM's
+        self.confidences = speculator.acceptance_estimator  # adaptive verification: the runner reads them
 
     def _text(self, n: int) -> list[int]:
         return [int(t) for t in self.rng.choice(self.text_ids, n)]
@@ -191,15 +200,19 @@ class Runner:
             has_structured_output_reqs=False, prompt_lens=None)
         states = torch.cat(hidden + [torch.full((3, hidden[0].shape[1]), 7.0)])  # padding rows past T
         self.logits.clear()
+        if self.confidences is not None:  # the runner grades the last drafts before each propose
+            self.spec.observe_verification(batch.idx_mapping, torch.tensor(n_sampled, dtype=torch.int32),
+                                           torch.tensor(n_rejected, dtype=torch.int32))
+            self.spec.draft_token_confidence_probs.fill_(float("nan"))
         with OpCounter() as counter, torch.inference_mode():
             out = self.spec.propose(batch, None, None, states, None,
                                     torch.tensor(n_sampled, dtype=torch.int32), torch.tensor(n_rejected, dtype=torch.int32),
                                     last, nxt, self.temperature, torch.zeros(MAX_REQS, dtype=torch.int64),
                                     num_speculative_tokens=k)
         self.host_reads += counter.host_reads
-        drafts = out.tolist()
         if k == 0:
-            assert not any(any(d) for d in drafts) and self.logits == [], "K = 0: nothing drafted"
+            assert not any(any(d) for d in out.tolist()) and self.logits == [], "K = 0: nothing drafted"
+        drafts = [row[:k] for row in out.tolist()]  # the runner masks the columns past the step's depth
         for i, (r, toks) in enumerate(plan):
             q = self.reqs[r]
             q["computed"] += len(toks) - n_rejected[i]
@@ -210,7 +223,8 @@ class Runner:
             "row_start": qs[:-1].tolist(), "num_valid": valid, "seq_start": computed,
             "next_token": [int(last[s, 0]) if ns else int(nxt[0, s]) for s, ns in zip(slots, n_sampled)],
             "mid_prefill": [not ns for ns in n_sampled], "drafts": drafts, "slots": slots.tolist(),
-            "logits": [x for x in self.logits if x.shape[0] == n]})
+            "logits": [x for x in self.logits if x.shape[0] == n], "k": k,
+            "confidences": None if self.confidences is None else self.spec.draft_token_confidence_probs[:n].clone()})
 
     def _states(self, req_id: str, start: int, n: int) -> torch.Tensor:
         """[n, H] what the target computed at positions start.. of the request (fixed per position)."""
@@ -291,3 +305,55 @@ def test_sampled_drafts_leave_the_distribution_they_were_drawn_from_for_vllms_re
                 assert q[draft] > 0
                 compared += 1
     assert compared >= 3 * 4 * K  # three sampled requests, four decode steps
+
+
+def test_each_step_drafts_the_depth_the_runner_schedules(built_adaptive):
+    """0.34's runner passes each step's depth (num_speculative_tokens: its per-batch-size schedule)
+    and masks the columns past it. The speculator drafts exactly that many tokens: one draft
+    logits row per drafted position (a step drafting K for a scheduled k has K rows and fails the
+    dense reference's comparison), the drafts equal to the dense reference's at every depth, also
+    when the rows a step verifies come from a deeper step than the one it drafts."""
+    run = built_adaptive
+    for v in range(6):
+        run.add(f"d{v}-a", run.video_prompt(visual=16 + 8 * v))
+    start = len(run.records)
+    for i, k in enumerate([K, 1, 1, 3, K, 2, 1, K, 1]):
+        if i == 4:
+            run.add("dlong-a", run._text(400))  # its chunks arrive beside decodes at a shallow depth
+        run.step({"dlong-a": 150}, k=k)
+        rec = run.records[-1]
+        drafting = [b for b, mid in enumerate(rec["mid_prefill"]) if not mid]
+        assert len(rec["logits"]) == (k if drafting else 0), f"step {i}: {len(rec['logits'])} positions for depth {k}"
+    replay = StreamReplay(run.visual, run.prompt_len)
+    model, io = run.spec.served.model, run.spec.served.drafter.io.inner
+    counts = check_engine_drafts(run.records, replay, model, io, atol=2e-3, only=set(range(start, len(run.records))))
+    assert counts["drafting"] >= 40, counts
+    assert run.host_reads == []
+
+
+def test_every_drafted_position_gets_the_confidence_adaptive_verification_reads(built_adaptive):
+    """With enable_adaptive_verification, the runner budgets each request's verification from
+    draft_token_confidence_probs [by batch row, position], read after every propose(). Filled with
+    NaN before each step, every drafted position of every drafting row is written, by vLLM's own
+    estimator on Sparrow's draft logits: before any refit, the draft distribution's own max
+    probability (after the request's temperature), greedy and sampled requests alike, whatever the
+    step's depth. Drafts stay the dense reference's (checked in the test above, on this engine)."""
+    run = built_adaptive
+    for v in range(4):
+        run.add(f"c{v}-a", run.video_prompt(visual=20 + 8 * v))
+        run.temperature[run.states.req_id_to_index[f"c{v}-a"]] = 0.7 if v % 2 else 0.0
+    checked = 0
+    for k in (K, 2, K, 1, 3):
+        run.step({}, k=k)
+        rec = run.records[-1]
+        conf = rec["confidences"]  # [B, K]
+        for b, (slot, mid) in enumerate(zip(rec["slots"], rec["mid_prefill"])):
+            if mid:
+                continue
+            t = float(run.temperature[slot]) or 1.0
+            for pos in range(k):
+                expected = torch.softmax(rec["logits"][pos][b].float() / t, -1).max()
+                assert torch.isfinite(conf[b, pos]), f"row {b} position {pos} left unwritten at depth {k}"
+                assert abs(float(conf[b, pos]) - float(expected)) < 1e-4, (b, pos, float(conf[b, pos]), float(expected))
+                checked += 1
+    assert checked >= 4 * (K + 2 + K + 1 + 3) - 4 * K, checked  # every live request drafts after its prefill step

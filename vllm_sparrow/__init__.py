@@ -24,3 +24,8 @@ __version__ = "0.1.0"
 V1_RUNNER_VERSIONS = ("0.32.0", "0.33.0")
 V2_RUNNER_VERSIONS = ("0.34.0",)  # experimental there: driven below the runner, no real 0.34 engine yet
 SUPPORTED_VLLM_VERSIONS = V1_RUNNER_VERSIONS + V2_RUNNER_VERSIONS
+# The serving glue's logger: a child of vLLM's "vllm" logger, so its lines (which glue registered,
+# the draft loaded with its cache, what was patched) go wherever vLLM's own go, at vLLM's level and
+# through its handler (VLLM_LOGGING_LEVEL, VLLM_CONFIGURE_LOGGING, VLLM_LOGGING_CONFIG_PATH). A logger
+# outside that tree has no handler in a vLLM process and its INFO lines are dropped.
+LOGGER = "vllm.sparrow"

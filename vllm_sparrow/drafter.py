@@ -161,9 +161,14 @@ class SparrowDrafter:
         slot_list = self.slots_for(batch.req_ids)
         # Ring rows that can hold an entry: while no slot of the batch has wrapped, a prefix.
         rows = None if batch.text_bound is None else int(batch.text_bound.max(initial=0))
-        if batch.fits_decode_layout(num_draft):
-            slots, dest = self.decode_indices(batch, slot_list, num_draft + 1)
-            return self._commit_decode(batch, slots, dest, num_draft + 1, rows)
+        # Decode rows verify the previous step's drafts, whose depth need not be this step's
+        # (vLLM's per-batch-size schedule): the layout is [B, K + 1], wider where a request
+        # verifies more than that.
+        width = batch.decode_width()
+        L = None if width is None else max(width, num_draft + 1)
+        if L is not None and L <= self.max_draft_tokens + 1:
+            slots, dest = self.decode_indices(batch, slot_list, L)
+            return self._commit_decode(batch, slots, dest, L, rows)
         return self._commit_packed(batch, slot_list, rows)
 
     @torch.inference_mode()

@@ -48,7 +48,7 @@ import signal
 import sys
 import threading
 
-from . import envs
+from . import LOGGER, envs
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -63,9 +63,9 @@ def _logger():
     takes seconds, and the fork hook runs in a child that may never use it)."""
     vllm_logger = sys.modules.get("vllm.logger")
     try:
-        return vllm_logger.init_logger("vllm_sparrow") if vllm_logger else logging.getLogger("vllm_sparrow")
+        return vllm_logger.init_logger(LOGGER) if vllm_logger else logging.getLogger(LOGGER)
     except Exception:  # noqa: BLE001 - logging must not be what breaks vLLM
-        return logging.getLogger("vllm_sparrow")
+        return logging.getLogger(LOGGER)
 
 
 def record_command() -> None:

@@ -29,7 +29,7 @@ import inspect
 import types
 from typing import Any
 
-from . import SUPPORTED_VLLM_VERSIONS, V1_RUNNER_VERSIONS, envs
+from . import LOGGER, SUPPORTED_VLLM_VERSIONS, V1_RUNNER_VERSIONS, envs
 from . import shared_reads
 from .v1_runner import method_patches, vllm_fixes, vllm_reads
 from .patch_helper import (APPLIED, CHECKS, DECLARED, Declared, Patch, Read, for_version, parameter_names,
@@ -106,7 +106,7 @@ def apply_patches() -> None:
     global logger
     from vllm.logger import init_logger
 
-    logger = init_logger("vllm_sparrow")
+    logger = init_logger(LOGGER)
     off = disabled_fixes()
     rows = []
     for row in PATCHES:

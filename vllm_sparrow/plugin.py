@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import logging
 
+from . import LOGGER
+
 
 def _logger():
     try:
         from vllm.logger import init_logger
 
-        return init_logger("vllm_sparrow")
+        return init_logger(LOGGER)
     except Exception:  # noqa: BLE001 - logging must not be what breaks vLLM
-        return logging.getLogger("vllm_sparrow")
+        return logging.getLogger(LOGGER)
 
 
 def register() -> None:

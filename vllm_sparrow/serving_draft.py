@@ -16,12 +16,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import envs
+from . import LOGGER, envs
 from .attention import select_backend
 from .checkpoint import load_draft
 from .draft_vocab import SubsetLogits, load_vocab
 from .drafter import SparrowDrafter
 from .drafting.choice import DraftingChoice, choose_drafting
+from .drafting.sampling import Sampler, greedy
 from .drafting.step import DraftingStrategy
 from .host_memory import DEFAULT_INTERVAL_S
 from .model import OwnTokenIO, SparrowDraftModel, TargetTokenIO
@@ -31,7 +32,7 @@ from .window import TextWindowCache, WindowSpec
 
 from vllm.logger import init_logger
 
-logger = init_logger("vllm_sparrow")
+logger = init_logger(LOGGER)
 
 
 @dataclass
@@ -45,9 +46,13 @@ class ServingDraft:
 
 
 def load_serving_draft(vllm_config, draft_dir: str, target_model: torch.nn.Module, device, dtype,
-                       num_draft: int, max_model_len: int, per_request_lengths: bool = True) -> ServingDraft:
-    """per_request_lengths: whether the runner can verify a different number of drafts per request
-    (adaptive length needs it)."""
+                       num_draft: int, max_model_len: int, glue: str, per_request_lengths: bool = True,
+                       sample: Sampler = greedy) -> ServingDraft:
+    """glue: which glue serves and what it changed of vLLM, for the load line (vLLM configures its
+    logging after plugins load, so this line, written by the worker, is the one that surely
+    reaches vLLM's log); per_request_lengths: whether the runner can verify a different number of
+    drafts per request (adaptive length needs it); sample: the glue's greedy sampler (the one the
+    decode steps' CUDA graphs replay)."""
     model = load_draft(draft_dir, device=device, dtype=dtype)
     target = target_spec(vllm_config.model_config.hf_config)
     backend = select_backend(device)
@@ -61,17 +66,17 @@ def load_serving_draft(vllm_config, draft_dir: str, target_model: torch.nn.Modul
     drafter = SparrowDrafter(model, io, target.visual_token_ids, backend, device, dtype, max_requests=max_seqs,
                              max_draft_tokens=num_draft, max_text_tokens=max_model_len)
     choice = DraftingChoice.for_engine(vllm_config, cfg, device, num_draft, per_request_lengths)
-    drafting = choose_drafting(drafter, num_draft, choice)
+    drafting = choose_drafting(drafter, num_draft, choice, sample)
     # Its CUDA graphs now, while the runner loads the model and before vLLM profiles memory: their
     # private pool is then part of the memory vLLM counts as the model's, not taken from the KV
     # cache it sized (a capture at vLLM's own capture time comes after that sizing).
     drafting.capture()
     what = drafting.describe()
     logger.info(
-        "Sparrow draft %s loaded: drafting %d tokens per step, %s-token draft vocabulary, %s%s, decode steps %s; "
-        "text-only window cache (anchors=%d, window=%s) of %d slots x %d rows = %.1f MiB, attention backend %s, "
-        "visual token ids %s skipped",
-        draft_dir, num_draft, "full" if drafter.vocab_ids is None else drafter.vocab_ids.numel(),
+        "Sparrow draft %s loaded (%s): drafting up to %d tokens per step, %s-token draft vocabulary, %s%s, "
+        "decode steps %s; text-only window cache (anchors=%d, window=%s) of %d slots x %d rows = %.1f MiB, "
+        "attention backend %s, visual token ids %s skipped",
+        draft_dir, glue, num_draft, "full" if drafter.vocab_ids is None else drafter.vocab_ids.numel(),
         what["drafting"], "" if what["tree"] is None else f" (topk {what['tree'][0]}, budget {what['tree'][1]})",
         what["decode_steps"], cfg.anchor_tokens, cfg.window_tokens, max_seqs, drafter.cache.capacity,
         drafter.cache.nbytes / 2**20, backend.name, list(target.visual_token_ids),

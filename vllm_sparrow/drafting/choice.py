@@ -1,10 +1,13 @@
 """The drafting strategy an engine drafts with, chosen once when the draft loads, from inputs
 read here (the draft's config, Sparrow's variables, vLLM's engine config).
 
-The one place of the rule: tree search (when configured) drafts every greedy step; otherwise
-the chain, whose greedy decode steps replay in CUDA graphs when vLLM captures graphs, except
-with adaptive length, whose chain reads each step's confidences to stop once no request would
-verify more (the captured step keeps no confidences and always drafts K).
+The one place of the rule: tree search (when configured) drafts every greedy step, unless the
+runner budgets each request's verification from per-position confidences (vLLM 0.34's adaptive
+verification: a searched path has no chain of confidences to budget); otherwise the chain,
+whose greedy decode steps replay in CUDA graphs (one per batch bucket and depth the engine's
+schedule can ask for) when vLLM captures graphs, except with adaptive length, whose chain reads
+each step's confidences to stop once no request would verify more (the captured step keeps no
+confidences and always drafts its depth).
 The peers are chain.py (the chain, adaptive length's chain), tree.py and graphs.py. A new peer
 is a file beside them and a line of `choose_drafting`; a runner's glue only asks the peer it is
 handed what drafting/step.py's DraftingStrategy lets it ask.
@@ -17,14 +20,15 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import envs
+from .. import LOGGER, envs
 from ..drafter import SparrowDrafter
 from .chain import ChainDrafting, StoppingChainDrafting
 from .graphs import DecodeGraphs, GraphDrafting, default_buckets
+from .sampling import Sampler, greedy
 from .step import DraftingStrategy
 from .tree import TreeDrafting, TreeSpec
 
-logger = logging.getLogger("vllm_sparrow")  # the logger vLLM's init_logger("vllm_sparrow") returns
+logger = logging.getLogger(LOGGER)  # the logger vLLM's init_logger(LOGGER) returns
 
 
 @dataclass(frozen=True)
@@ -35,25 +39,38 @@ class DraftingChoice:
     stop_confidence: float | None  # adaptive length's threshold as served (None: off)
     graph_mode: str | None  # "capture" (CUDA graphs), "eager" (their static buffers) or None (plain eager)
     buckets: tuple[int, ...]  # batch sizes the decode graphs cover
+    depths: tuple[int, ...] = ()  # depths the engine's schedule can ask for besides num_draft
+    confidences_read: bool = False  # the runner budgets verification from per-position confidences
 
     @classmethod
     def for_engine(cls, vllm_config, cfg, device, num_draft: int, per_request_lengths: bool) -> DraftingChoice:
         """cfg: the draft's SparrowConfig; per_request_lengths: whether the runner can verify a
         different number of drafts per request (adaptive length needs it)."""
+        spec = vllm_config.speculative_config
         threshold = adaptive_length(stop_confidence(cfg), vllm_config.scheduler_config.async_scheduling,
                                     per_request_lengths)
+        schedule = getattr(spec, "num_speculative_tokens_per_batch_size", None) or ()
         return cls(tree_spec(cfg, num_draft), threshold, draft_graph_mode(vllm_config, device),
-                   tuple(default_buckets(vllm_config.scheduler_config.max_num_seqs)))
+                   tuple(default_buckets(vllm_config.scheduler_config.max_num_seqs)),
+                   tuple(sorted({int(e[2]) for e in schedule if 0 < int(e[2]) < num_draft})),
+                   bool(getattr(spec, "enable_adaptive_verification", False)))
 
 
-def choose_drafting(drafter: SparrowDrafter, num_draft: int, choice: DraftingChoice) -> DraftingStrategy:
-    if choice.tree is not None:
+def choose_drafting(drafter: SparrowDrafter, num_draft: int, choice: DraftingChoice,
+                    sample: Sampler = greedy) -> DraftingStrategy:
+    """sample: the greedy sampler of the engine's decode steps (the one its CUDA graphs replay)."""
+    if choice.tree is not None and not choice.confidences_read:
         return TreeDrafting(choice.tree, choice.stop_confidence)
+    if choice.tree is not None:
+        logger.warning("Sparrow: tree search (topk %d, budget %d) is off: vLLM's adaptive verification budgets "
+                       "each request's drafts from per-position confidences, which a searched path does not have. "
+                       "Drafting the chain.", choice.tree.topk, choice.tree.budget)
     if choice.stop_confidence is not None:
         return StoppingChainDrafting(choice.stop_confidence)
     if choice.graph_mode is None:
         return ChainDrafting()
-    graphs = DecodeGraphs(drafter, num_draft, list(choice.buckets), capture=choice.graph_mode == "capture")
+    graphs = DecodeGraphs(drafter, num_draft, list(choice.buckets), capture=choice.graph_mode == "capture",
+                          depths=choice.depths, sample=sample)
     return GraphDrafting(graphs, ChainDrafting())
 
 

@@ -1,9 +1,13 @@
-"""The decode draft step as one CUDA graph per batch bucket (GraphDrafting, a drafting strategy: drafting/step.py).
+"""The decode draft step as one CUDA graph per batch bucket and depth (GraphDrafting, a drafting strategy: drafting/step.py).
 
-A decode step (every request decoding: SparrowDrafter.commit_rows, then K greedy chained
-forwards) has fixed shapes for a batch size B and L = K + 1 and reads nothing back to the
-host, so it is captured once per bucket of batch sizes and replayed: one graph launch instead
-of ~250 kernel launches. Per step the host only copies the inputs into static buffers:
+A decode step (every request decoding: SparrowDrafter.commit_rows, then k greedy chained
+forwards) has fixed shapes for a batch size B, a depth k and L = K + 1 rows per request (K the
+deepest depth the engine may schedule: the rows verify the previous step's drafts, whatever
+depth those had), and reads nothing back to the host, so it is captured once per (bucket of
+batch sizes, depth) and replayed: one graph launch instead of ~250 kernel launches. The depths
+are those the engine's schedule can ask for (vLLM's num_speculative_tokens_per_batch_size,
+plus K), as vLLM captures its own drafter's graphs per depth; a step of depth k costs k
+forwards, not K. Per step the host only copies the inputs into static buffers:
 
     slots      [Bmax]          cache slot per request; a bucket's padding requests use the
                                sink slot, which only padding reads and writes
@@ -43,9 +47,15 @@ def default_buckets(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, drafter: SparrowDrafter, num_draft: int, buckets: list[int], capture: bool) -> None:
+    def __init__(self, drafter: SparrowDrafter, num_draft: int, buckets: list[int], capture: bool,
+                 depths: tuple[int, ...] = (), sample: Sampler = greedy) -> None:
+        """num_draft: K, the deepest depth; depths: the others the engine may schedule (1..K);
+        sample: the greedy sampler the graphs replay (one that also records each position's
+        confidence for the runner, v2_runner/confidences.py, must use static buffers only)."""
         d = drafter
         self.drafter, self.num_draft, self.L = d, num_draft, num_draft + 1
+        self.depths = sorted({k for k in depths if 1 <= k <= num_draft} | {num_draft})
+        self.sample = sample
         self.buckets = sorted(set(buckets))
         self.capture_enabled = capture
         Bmax, L, dev = self.buckets[-1], self.L, d.device
@@ -57,8 +67,8 @@ class DecodeGraphs:
         self.num_valid = torch.ones(Bmax, **long)  # >= 1 for padding too: it indexes row nv - 1
         self.seq_start = torch.zeros(Bmax, **long)
         self.next_token = torch.zeros(Bmax, **long)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.out: dict[int, torch.Tensor] = {}  # bucket -> static draft ids [bucket, K]
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (bucket, depth) -> graph
+        self.out: dict[tuple[int, int], torch.Tensor] = {}  # (bucket, depth) -> static draft ids [bucket, depth]
         self.replays = 0  # steps served by this path (tests, logs)
 
     def bucket(self, batch_size: int) -> int | None:
@@ -67,12 +77,12 @@ class DecodeGraphs:
                 return b
         return None
 
-    def _step(self, b: int) -> torch.Tensor:
-        """The captured body: one decode step of bucket b on the static buffers -> [b, K]."""
+    def _step(self, b: int, depth: int) -> torch.Tensor:
+        """The captured body: one decode step of bucket b on the static buffers -> [b, depth]."""
         d, L = self.drafter, self.L
         committed = d.commit_rows(self.slots[:b], self.hidden[: b * L], self.tokens[: b * L].view(b, L),
                                   self.num_valid[:b], self.seq_start[:b], self.next_token[:b])
-        return _CHAIN.draft(d, committed, self.num_draft, greedy).ids
+        return _CHAIN.draft(d, committed, depth, self.sample).ids
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -83,20 +93,29 @@ class DecodeGraphs:
         torch.cuda.synchronize()
         pool = torch.cuda.graph_pool_handle()
         for b in reversed(self.buckets):
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # compile Triton kernels, size cuBLAS workspaces
-                for _ in range(2):
-                    self._step(b)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.out[b] = self._step(b)
-            self.graphs[b] = graph
+            for k in reversed(self.depths):
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):  # compile Triton kernels, size cuBLAS workspaces
+                    for _ in range(2):
+                        self._step(b, k)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self.out[b, k] = self._step(b, k)
+                self.graphs[b, k] = graph
         torch.cuda.synchronize()
 
-    def run(self, batch: StepBatch, slot_list: list[int]) -> torch.Tensor:
-        """One decode step through the bucket's graph (or eagerly on the static buffers) -> [B, K]."""
+    def covers(self, batch: StepBatch, depth: int) -> bool:
+        """Whether a step of this batch at this depth replays a graph: every request decodes with
+        at most K + 1 rows, the depth is one of the captured ones, a bucket holds the batch."""
+        return (depth in self.depths and batch.fits_decode_layout(self.num_draft)
+                and self.bucket(len(batch.req_ids)) is not None)
+
+    def run(self, batch: StepBatch, slot_list: list[int], depth: int | None = None) -> torch.Tensor:
+        """One decode step through the (bucket, depth) graph (or eagerly on the static buffers)
+        -> [B, depth] (depth None: K)."""
+        depth = self.num_draft if depth is None else depth
         d, L = self.drafter, self.L
         B = len(slot_list)
         b = self.bucket(B)
@@ -108,17 +127,18 @@ class DecodeGraphs:
         self.seq_start[:B].copy_(batch.seq_start)
         self.next_token[:B].copy_(batch.next_token)
         self.replays += 1
-        if b in self.graphs:
-            self.graphs[b].replay()
-            return self.out[b][:B].clone()  # the static output is overwritten by the next replay
-        return self._step(b)[:B]
+        if (b, depth) in self.graphs:
+            self.graphs[b, depth].replay()
+            return self.out[b, depth][:B].clone()  # the static output is overwritten by the next replay
+        return self._step(b, depth)[:B]
 
 
 @dataclass
 class GraphDrafting(Plain):
     """The greedy chain, its decode steps through DecodeGraphs (captured, or the same static
-    buffers run eagerly); a step the graphs do not cover (prompt chunks, a sampled draft,
-    another depth, a batch above the largest bucket) takes `fallback` (commit, then chain)."""
+    buffers run eagerly); a step the graphs do not cover (prompt chunks, a sampled draft, a
+    depth outside the schedule, a batch above the largest bucket) takes `fallback` (commit,
+    then chain)."""
 
     graphs: DecodeGraphs
     fallback: ChainDrafting
@@ -126,9 +146,8 @@ class GraphDrafting(Plain):
 
     def step(self, drafter: SparrowDrafter, batch: StepBatch, num_draft: int, sample: Sampler = greedy) -> Drafts:
         g = self.graphs
-        if (sample is greedy and num_draft == g.num_draft and batch.fits_decode_layout(num_draft)
-                and g.bucket(len(batch.req_ids)) is not None):
-            return Drafts(g.run(batch, drafter.slots_for(batch.req_ids)))
+        if sample is g.sample and g.covers(batch, num_draft):
+            return Drafts(g.run(batch, drafter.slots_for(batch.req_ids), depth=num_draft))
         return self.fallback.step(drafter, batch, num_draft, sample)
 
     def draft(self, drafter: SparrowDrafter, committed, num_draft: int, sample: Sampler = greedy) -> Drafts:

@@ -72,10 +72,16 @@ class StepBatch:
                    next_token.long(), t(mid_prefill, torch.bool), decode_only,
                    np.asarray(seq_start, dtype=np.int64) + np.diff(query_start), text_rows)
 
+    def decode_width(self) -> int | None:
+        """L of the fixed [B, L] layout of a step where every request decodes: its longest
+        request's rows (1 + the drafts it verifies); None when some row is a prompt position."""
+        return int(np.diff(self.query_start).max(initial=1)) if self.decode_only else None
+
     def fits_decode_layout(self, num_draft: int) -> bool:
         """Every request decodes with at most num_draft + 1 rows: the fixed [B, K + 1] layout
         (what CUDA graphs capture) holds the step."""
-        return self.decode_only and int(np.diff(self.query_start).max(initial=0)) <= num_draft + 1
+        width = self.decode_width()
+        return width is not None and width <= num_draft + 1
 
 
 @dataclass

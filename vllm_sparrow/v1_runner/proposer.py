@@ -22,6 +22,7 @@ from ..drafter import SparrowDrafter
 from ..drafting.sampling import QBuffer, Sampled, Sampler, greedy
 from ..drafting.step import DraftingStrategy, StepBatch
 from ..host_memory import HostMemoryReturner
+from ..patch_helper import APPLIED
 from ..serving_draft import host_memory_interval, load_serving_draft, logger
 
 
@@ -41,7 +42,8 @@ class SparrowProposer(EagleProposer):
     # ---- set-up called by the runner ----------------------------------------------
     def load_model(self, target_model: torch.nn.Module) -> None:
         served = load_serving_draft(self.vllm_config, self.speculative_config.model, target_model, self.device,
-                                    self.dtype, self.num_speculative_tokens, self.max_model_len)
+                                    self.dtype, self.num_speculative_tokens, self.max_model_len,
+                                    glue=f"V1 runner glue, {len(APPLIED)} vLLM patches applied: {', '.join(APPLIED)}")
         # Kept off `self.model`: the runner wraps a drafter's `.model` in CUDA-graph wrappers.
         self.sparrow_model = served.model
         self.sparrow_drafter, self.drafting = served.drafter, served.drafting

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
+from .. import LOGGER
 from ..patch_helper import Declared, Read, replace_attr, set_entry
 
 
@@ -145,7 +146,7 @@ def _patch_video_codec_fallback() -> None:
     from vllm.logger import init_logger
     from vllm.multimodal import video as video_mod
 
-    logger = init_logger("vllm_sparrow")
+    logger = init_logger(LOGGER)
 
     def make(original: Callable) -> Callable:
         @functools.wraps(original)
@@ -174,7 +175,7 @@ def _patch_video_num_frames_warning() -> None:
     # docstrings say so); a server started with num_frames would believe it capped frames.
     fps_driven = tuple(getattr(video_mod, n) for n in ("Qwen2VLVideoBackend", "Qwen3VLVideoBackend")
                        if hasattr(video_mod, n))
-    logger = init_logger("vllm_sparrow")
+    logger = init_logger(LOGGER)
 
     def make(original: Callable) -> Callable:
         @functools.wraps(original)

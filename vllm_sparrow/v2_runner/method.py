@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from vllm.v1.worker.gpu.spec_decode.speculator_config import SpeculatorConfig
 
-from .. import envs
+from .. import LOGGER, envs
 from ..method_config import prepare
 
 METHOD = "sparrow"
@@ -52,9 +52,20 @@ def register() -> None:
     from ..patches import MissingVllmInternals, missing_reads
     from .vllm_reads import ROWS
 
-    missing = [r for r in missing_reads(ROWS) if r.required]
+    absent = missing_reads(ROWS)
+    missing = [r for r in absent if r.required]
     if missing:
         raise MissingVllmInternals(
             "vllm-sparrow relies on vLLM internals this vLLM lacks: "
             + "; ".join(f"{r.target} (read by {r.by})" for r in missing) + ". Reinstall vLLM as released.")
     register_speculative_method(METHOD, SparrowSpeculatorConfig)
+    from . import pyav_loader
+
+    pyav_loader.register()  # the "pyav" video loader (--media-io-kwargs '{"video": {"video_backend": "pyav"}}')
+    from vllm import __version__
+    from vllm.logger import init_logger
+
+    init_logger(LOGGER).info("vllm-sparrow: method %r registered through vLLM %s's registry of speculative methods "
+                             "(Model Runner V2 glue, vllm_sparrow/v2_runner/), and the %r video loader; nothing of "
+                             "vLLM patched; %d vLLM internals it reads found", METHOD, __version__, pyav_loader.NAME,
+                             len(ROWS) - len(absent))

@@ -13,15 +13,19 @@ Lifecycle, as the runner drives it:
                           object); a request that left the runner without finishing (preempted:
                           0.34 tells the speculator nothing) is released here; one that is back
                           restarts its text stream through the drafter's restart path
-  propose(...)            commit the step's target states, draft K tokens (K = 0: commit only)
+  propose(...)            commit the step's target states, draft the step's depth: the
+                          num_speculative_tokens the runner passes (its per-batch-size
+                          schedule), K when it passes none, nothing at 0 (commit only)
   on_requests_finished    finished and aborted requests: their slots freed
   reset_state             after vLLM's warm-up requests: every slot freed
 Sampled requests draft from q = softmax(draft logits / T) when vLLM keeps draft logits for
 probabilistic verification (draft_sample_method "probabilistic"): the draft logits are rounded into
 the runner's DraftLogitsCache row of the request first and the token is drawn from softmax(stored /
 T), the q the rejection sampler recomputes (drafting/sampling.py, LogitRows); otherwise drafts are
-greedy and verified one-hot, which is exact too. What the glue relies on in vLLM is declared
-in vllm_reads.py, checked before the method registers.
+greedy and verified one-hot, which is exact too. With adaptive verification
+(`enable_adaptive_verification`), every drafted position's confidence is written for the runner's
+budget (confidences.py). What the glue relies on in vLLM is declared in vllm_reads.py, checked
+before the method registers.
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+from vllm.v1.worker.gpu.spec_decode.acceptance_estimator import OnlineAcceptanceEstimator
 from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
 
 from .. import envs
 from ..drafting.sampling import LogitRows, Sampled, greedy
 from ..host_memory import HostMemoryReturner
 from ..serving_draft import ServingDraft, host_memory_interval, load_serving_draft
+from .confidences import ConfidenceRecorder, start_from_draft_probabilities
 from .step_inputs import PromptLayouts, step_batch
 
 
@@ -68,12 +74,38 @@ class SparrowSpeculator(DraftModelSpeculator):
 
     # ---- set-up called by the runner ----------------------------------------------------------
     def load_draft_model(self, target_model: torch.nn.Module, target_attn_layer_names: set[str]) -> torch.nn.Module:
+        self.greedy = self._greedy_sampler()
         with envs.engine_options(self.options):
             self.served = load_serving_draft(self.vllm_config, self.speculative_config.model, target_model,
                                              self.device, self.dtype, self.num_speculative_steps,
-                                             self.max_model_len, per_request_lengths=False)
+                                             self.max_model_len, per_request_lengths=False, sample=self.greedy,
+                                             glue=self._glue_line())
         self.layouts = PromptLayouts(self.served.visual_ids)
         return self.served.model
+
+    def _glue_line(self) -> str:
+        """For the load line: the glue, and what adaptive verification reads from it."""
+        from vllm import __version__
+
+        line = f"V2 runner glue on vLLM {__version__}'s registry, nothing patched"
+        if self.greedy is not greedy:
+            line += ("; adaptive verification on: every drafted position's confidence written through "
+                     "vLLM's acceptance estimator, started from the draft's own probabilities")
+        return line
+
+    def _greedy_sampler(self):
+        """The decode steps' greedy sampler: with adaptive verification, one that writes each
+        position's confidence first (confidences.py). Its estimator is made here, before the draft's
+        CUDA graphs that record into it are captured, in place of the one the base class would make
+        after this method returns."""
+        if not self.use_acceptance_estimator:
+            return greedy
+        self.acceptance_estimator = OnlineAcceptanceEstimator(self.max_num_reqs, self.num_speculative_steps,
+                                                              self.device)
+        start_from_draft_probabilities(self.acceptance_estimator)
+        self.use_acceptance_estimator = False  # the base class's load_model would replace it
+        return ConfidenceRecorder(self.acceptance_estimator, self.idx_mapping, self.temperature,
+                                  self.draft_token_confidence_probs)
 
     def init_cudagraph_manager(self, cudagraph_mode) -> None:
         pass  # the decode step's graphs are the drafter's own (drafting/graphs.py), captured at load
@@ -122,26 +154,38 @@ class SparrowSpeculator(DraftModelSpeculator):
                 num_sampled, num_rejected, last_sampled, next_prefill_tokens, temperature, seeds,
                 dp_sync_state=None, dummy_run=False, skip_attn_for_dummy_run=False, mm_inputs=None,
                 is_profile=False, num_speculative_tokens=None) -> torch.Tensor:  # [num_reqs, K]
-        K, n = self.num_speculative_steps, input_batch.num_reqs
-        out = self.draft_tokens[:n]  # [B, K] the runner masks drafts past this step's count itself
+        n = input_batch.num_reqs
+        # The step's depth: the runner's schedule (num_speculative_tokens_per_batch_size) picks it
+        # per step and masks the columns past it; drafting them would cost K forwards for k tokens.
+        K = self.num_speculative_steps if num_speculative_tokens is None else num_speculative_tokens
+        out = self.draft_tokens[:n]  # [B, num_speculative_steps]; columns K.. are the runner's to mask
         drafter = self.served.drafter
         if dummy_run:
             if is_profile:  # vLLM's memory profile: the draft's largest step is in its peak
-                drafter.profile_step(input_batch.num_tokens, self.max_num_reqs, K, self.served.drafting,
-                                     self._profile_sampler())
+                drafter.profile_step(input_batch.num_tokens, self.max_num_reqs, self.num_speculative_steps,
+                                     self.served.drafting, self._profile_sampler())
             return out.zero_()
         batch = step_batch(drafter, self.layouts, input_batch, self.req_states.prompt_len.np, last_hidden_states,
                            num_sampled, num_rejected, last_sampled, next_prefill_tokens)
-        if num_speculative_tokens == 0:  # no drafts scheduled: the step's states still go in
+        if K == 0:  # no drafts scheduled: the step's states still go in
             with torch.inference_mode():
-                drafter.commit(batch, K)
+                drafter.commit(batch, 0)
             return out.zero_()
-        temp = temperature[input_batch.idx_mapping[:n]]  # [B] by batch row (vLLM's is by slot)
-        sample = greedy if self.draft_logits is None else Sampled(
-            temp, self.draft_generator, LogitRows(self.draft_logits.values, input_batch.idx_mapping[:n],
-                                                  drafter.vocab_ids))
-        out.copy_(drafter.step(batch, K, sample, self.served.drafting).ids)
+        slots = input_batch.idx_mapping[:n]  # [B] request-state slot of each batch row
+        if self.greedy is not greedy:  # the confidences' inputs, in the buffers the recorder reads
+            self.idx_mapping[:n].copy_(slots)
+            self.idx_mapping[n:].fill_(-1)
+            self.temperature.copy_(temperature)
+        sample = self.greedy if self.draft_logits is None else self._sampled(temperature[slots], slots)
+        out[:, :K].copy_(drafter.step(batch, K, sample, self.served.drafting).ids)
         return out
+
+    def _sampled(self, temp: torch.Tensor, slots: torch.Tensor):
+        """The sampled draft of a step (temp [B] by batch row, vLLM's is by slot), behind the
+        confidence recorder when the runner reads confidences."""
+        sample = Sampled(temp, self.draft_generator, LogitRows(self.draft_logits.values, slots,
+                                                               self.served.drafter.vocab_ids))
+        return sample if self.greedy is greedy else self.greedy.around(sample)
 
     def _profile_sampler(self):
         """The sampler of the profile's step: every request sampled when vLLM keeps draft logits

@@ -47,6 +47,7 @@ METHOD_ROWS: tuple[Read, ...] = (
 
 _SPECULATORS = "vllm.v1.worker.gpu.spec_decode.speculator"
 _DRAFT = f"{_SPECULATORS}.DraftModelSpeculator"
+_ESTIMATOR = "vllm.v1.worker.gpu.spec_decode.acceptance_estimator.OnlineAcceptanceEstimator"
 _BATCH = "vllm.v1.worker.gpu.input_batch.InputBatch"
 _STATES = "vllm.v1.worker.gpu.states.RequestState"
 _GLUE = "v2_runner/speculator.py"
@@ -85,6 +86,23 @@ SPECULATOR_ROWS: tuple[Read, ...] = (
     _read("vllm.v1.worker.gpu.spec_decode.draft_logits.DraftLogitsCache.values", _GLUE,
           "[max_num_reqs, K, vocab] what the rejection sampler reads as each draft's distribution "
           "(softmax(values / T))", "instance"),
+    # adaptive verification: the confidences the runner's budget reads, written through vLLM's estimator
+    _read(f"{_DRAFT}.use_acceptance_estimator", _GLUE, "adaptive verification is on (the estimator is made "
+          "by the glue, before its graphs are captured, and the base class told not to make another)", "instance"),
+    _read(f"{_DRAFT}.acceptance_estimator", _GLUE, "the estimator the runner's observe_verification refits", "instance"),
+    _read(f"{_DRAFT}.draft_token_confidence_probs", _GLUE, "[max_num_reqs, K] float32 by batch row: what the "
+          "runner's adaptive verification reads after propose()", "instance"),
+    _read(f"{_DRAFT}.idx_mapping", _GLUE, "[max_num_reqs] slot per batch row, -1 past the batch (persistent)",
+          "instance"),
+    _read(f"{_DRAFT}.temperature", _GLUE, "[max_num_reqs] temperature by slot (persistent)", "instance"),
+    _read(f"{_ESTIMATOR}.__init__", "v2_runner/speculator.py", "made by the glue", "signature",
+          params=("max_num_reqs", "num_speculative_steps", "device")),
+    _read(f"{_ESTIMATOR}.predict", "v2_runner/confidences.py", "each chained position's confidences from its "
+          "draft logits", "signature", params=("logits", "idx_mapping", "draft_step", "confidence_probs",
+                                               "temperature")),
+    _read(f"{_ESTIMATOR}.slope", "v2_runner/confidences.py", "started at 1 (the draft's own probabilities)",
+          "instance"),
+    _read(f"{_ESTIMATOR}.intercepts", "v2_runner/confidences.py", "started at 0", "instance"),
     # the request states: the prompt's tokens on the host when a request joins, its prompt length
     _read(f"{_STATES}.add_request", _GLUE, "wrapped on the runner's own object (not the class): each new "
           "request's prompt tokens, to record its visual placeholder spans", "signature",
@@ -107,4 +125,24 @@ SPECULATOR_ROWS: tuple[Read, ...] = (
           "the worker's speculator, whose sparrow_stats() engine_stats reads", "instance"),
 )
 
-ROWS: tuple[Read, ...] = METHOD_ROWS + SPECULATOR_ROWS + shared_reads.ROWS  # + what the shared modules read
+_VIDEO = "vllm.multimodal.video"
+_LOADER = "v2_runner/pyav_loader.py"
+VIDEO_ROWS: tuple[Read, ...] = (
+    _read(f"{_VIDEO}.VIDEO_LOADER_REGISTRY", _LOADER, "registers the \"pyav\" loader (chosen by video_backend)",
+          "class"),
+    _read(f"{_VIDEO}.VideoLoaderRegistry.register", _LOADER, "the registry's public decorator", "signature",
+          params=("name", "video_processor", "requires_gpu")),
+    _read(f"{_VIDEO}.VideoLoader", _LOADER, "subclassed by the pyav loader", "class"),
+    _read(f"{_VIDEO}.VideoLoader.load_bytes", _LOADER, "overridden: what VideoMediaIO calls with the server's "
+          "and the request's video options", "signature", params=("data", "kwargs")),
+    _read(f"{_VIDEO}.VideoLoader.compute_frames_index_to_sample", _LOADER, "the `sampling` loader's frame choice",
+          "signature", params=("source", "target", "kwargs")),
+    _read(f"{_VIDEO}.VideoLoader._prepare_source", _LOADER, "the `sampling` loader's source adjustment (Qwen3-VL: "
+          "unknown fps)", "signature", params=("source",)),
+    _read(f"{_VIDEO}.VideoLoader.create_hf_metadata", _LOADER, "the `sampling` loader's metadata", "signature",
+          params=("source", "valid_frame_indices", "video_backend")),
+    _read("vllm.multimodal.video_decoders.VideoSourceMetadata", _LOADER, "total frames, fps, duration", "class"),
+    _read("vllm.multimodal.video_decoders.VideoTargetMetadata", _LOADER, "num_frames, fps, max_duration", "class"),
+)
+
+ROWS: tuple[Read, ...] = METHOD_ROWS + SPECULATOR_ROWS + VIDEO_ROWS + shared_reads.ROWS  # + what the shared modules read

@@ -51,6 +51,8 @@ endif
 TESTS_034 = $(shell $(PY) -c "import sys; sys.path.insert(0, 'tests'); from kinds import KINDS; \
 	print(' '.join(f'tests/{n}.py' for n, k in KINDS.items() if k == 'vllm034'))" 2>/dev/null)
 test-vllm034: setup
+	@$(PY) -c "import sys; sys.path.insert(0, 'tools'); from vllm034_standin import LIMITS; \
+		print('make test-vllm034: what the 0.34 stand-in cannot run:'); print(''.join(f'  - {l}\n' for l in LIMITS), end='')"
 	$(RUN_ENV) side="$$($(PY) tools/vllm034_side_env.py)" && \
 		TRITON_INTERPRET=1 VLLM_TARGET_DEVICE=cpu CUDA_VISIBLE_DEVICES= PYTHONPATH="$$side$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m pytest -x -q $(TESTS_034) $(PYTEST_ARGS)
 

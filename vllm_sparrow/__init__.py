@@ -9,7 +9,7 @@ The paper's parts live in separate places:
                                                serving_draft.py, method_config.py (both runners);
                                                patches.py, patch_helper.py (vLLM touches, checked)
     V1 runner (0.32, 0.33)                     v1_runner/
-    V2 runner (0.34, experimental)             v2_runner/
+    V2 runner (0.34)                           v2_runner/
 The demo kit (synthetic world, demo models, benchmark) is the separate package sparrow_world,
 which this one never imports. Importing this package touches neither vLLM nor CUDA.
 """
@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 # Each is checked from its source by tools/vllm_source_check.py (tests/test_patch_targets_exist_in_
 # vllm_source.py); the CPU build is released for 0.32.0 only.
 V1_RUNNER_VERSIONS = ("0.32.0", "0.33.0")
-V2_RUNNER_VERSIONS = ("0.34.0",)  # experimental there: driven below the runner, no real 0.34 engine yet
+V2_RUNNER_VERSIONS = ("0.34.0",)  # run on a real 0.34 engine only in the CPU stand-in (make test-vllm034)
 SUPPORTED_VLLM_VERSIONS = V1_RUNNER_VERSIONS + V2_RUNNER_VERSIONS
 # The serving glue's logger: a child of vLLM's "vllm" logger, so its lines (which glue registered,
 # the draft loaded with its cache, what was patched) go wherever vLLM's own go, at vLLM's level and

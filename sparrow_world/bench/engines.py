@@ -139,6 +139,12 @@ def close_engine(llm) -> None:
     gc.collect()
 
 
+def _drafter(runner):
+    """The runner's drafter: the V1 runner's proposer (`drafter`, vLLM 0.32/0.33) or the V2
+    runner's speculator (`speculator`, 0.34); None without speculation."""
+    return getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
+
+
 def _install_draft_timer(worker, keep_calls: bool = False) -> None:
     """Time every drafter.propose. On CUDA the device is synchronised before (so the call does
     not pay for the target's queued kernels) and after (so it is not just its launches).
@@ -146,7 +152,7 @@ def _install_draft_timer(worker, keep_calls: bool = False) -> None:
     (read off the scheduler output the runner drafts for: under async scheduling an engine step
     may draft for the batch it scheduled one step earlier)."""
     runner = worker.model_runner
-    drafter = runner.drafter
+    drafter = _drafter(runner)
     if getattr(drafter, "_bench_timer", None) is not None:
         return
     timer: dict[str, Any] = {"seconds": 0.0, "calls": 0, "log": [] if keep_calls else None}
@@ -171,14 +177,17 @@ def _install_draft_timer(worker, keep_calls: bool = False) -> None:
     drafter.propose = timed
     drafter._bench_timer = timer
     if keep_calls:
-        step_inner = runner.propose_draft_token_ids
+        # the step's scheduler output: V1 hands it to propose_draft_token_ids, V2 only to
+        # execute_model (its speculator drafts in sample_tokens, right after)
+        name = "propose_draft_token_ids" if hasattr(runner, "propose_draft_token_ids") else "execute_model"
+        step_inner = getattr(runner, name)
 
         def tagged(scheduler_output, *args, **kwargs):
             scheduled.clear()
             scheduled.update(scheduler_output.num_scheduled_tokens)
             return step_inner(scheduler_output, *args, **kwargs)
 
-        runner.propose_draft_token_ids = tagged  # the instance attribute shadows the method
+        setattr(runner, name, tagged)  # the instance attribute shadows the method
 
 
 def _install_forward_timer(worker) -> None:
@@ -189,7 +198,9 @@ def _install_forward_timer(worker) -> None:
     if getattr(runner, "_bench_forwards", None) is not None:
         return
     calls: list[tuple[float, float]] = []
-    inner = runner._model_forward
+    # V1 runs the target through its _model_forward; V2 calls the model itself
+    owner, name = (runner, "_model_forward") if hasattr(runner, "_model_forward") else (runner.model, "forward")
+    inner = getattr(owner, name)
     sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
 
     def timed(*args, **kwargs):
@@ -201,7 +212,7 @@ def _install_forward_timer(worker) -> None:
             sync()
             calls.append((start, time.monotonic()))
 
-    runner._model_forward = timed  # the instance attribute shadows the method
+    setattr(owner, name, timed)  # the instance attribute shadows the method
     runner._bench_forwards = calls
 
 
@@ -222,7 +233,7 @@ def forward_seconds(llm, first: float, last: float) -> float:
 
 
 def _read_draft_timer(worker) -> dict:
-    timer = getattr(getattr(worker.model_runner, "drafter", None), "_bench_timer", None)
+    timer = getattr(_drafter(worker.model_runner), "_bench_timer", None)
     return {"seconds": timer["seconds"], "calls": timer["calls"]} if timer else {"seconds": 0.0, "calls": 0}
 
 
@@ -231,7 +242,7 @@ def draft_timer(llm) -> dict:
 
 
 def _take_draft_calls(worker) -> list[dict]:
-    timer = getattr(getattr(worker.model_runner, "drafter", None), "_bench_timer", None)
+    timer = getattr(_drafter(worker.model_runner), "_bench_timer", None)
     if not timer or timer["log"] is None:
         return []
     calls = list(timer["log"])
@@ -247,7 +258,7 @@ def take_draft_calls(llm) -> list[dict]:
 
 def _engine_dtypes(worker) -> dict:
     runner = worker.model_runner
-    drafter = getattr(runner, "drafter", None)
+    drafter = _drafter(runner)
     model = getattr(drafter, "sparrow_model", None)  # Sparrow keeps its draft off `.model`
     model = getattr(drafter, "model", None) if model is None else model
     model = model.unwrap() if hasattr(model, "unwrap") else model  # out of a CUDA-graph wrapper
@@ -269,7 +280,7 @@ def _draft_kv_bytes_per_block(worker) -> int:
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
     runner = worker.model_runner
-    model = getattr(getattr(runner, "drafter", None), "model", None)
+    model = getattr(_drafter(runner), "model", None)
     if not isinstance(model, torch.nn.Module):
         return 0
     layers = [m for m in model.modules() if isinstance(m, AttentionLayerBase)]

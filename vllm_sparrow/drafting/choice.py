@@ -110,7 +110,9 @@ def adaptive_length(threshold: float | None, async_scheduling: bool | None,
     if threshold is not None and not per_request_lengths:
         logger.warning("Sparrow: adaptive length (stop_confidence %s) is off: vLLM's Model Runner V2 verifies "
                        "the same number of drafts for every request of a step (a shorter chain would have to be "
-                       "padded with tokens the target then checks). Drafting K tokens per request.", threshold)
+                       "padded with tokens the target then checks). Drafting K tokens per request; the runner's own "
+                       "per-request budget is --speculative-config's \"enable_adaptive_verification\": true (full "
+                       "CUDA graphs), which Sparrow feeds its draft confidences.", threshold)
         return None
     if threshold is None or not async_scheduling:
         return threshold

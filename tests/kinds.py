@@ -20,6 +20,7 @@ KINDS = {
     "test_gpu_check_runs_without_vllm": "fast",
     "test_sampled_drafts_keep_q_where_vllm_reads_it": "fast",
     "test_draft_cache_matches_dense_reference": "fast",
+    "test_drafts_past_32768_positions_match_the_dense_reference": "fast",
     "test_environment_is_read_in_one_place": "fast",
     "test_freed_host_memory_goes_back_to_the_os": "fast",
     "test_modules_meet_through_public_interfaces": "fast",

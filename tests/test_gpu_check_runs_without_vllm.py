@@ -52,8 +52,16 @@ def tiny_report(tmp_path_factory):
 def test_the_check_passes_at_tiny_shapes_without_vllm_from_the_checkout(tiny_report):
     env = tiny_report["environment"]
     assert env["vllm_importable"] is False and env["device"] == "cpu"
-    assert tiny_report["passed"] and set(tiny_report["parts"]) == {"kernels", "graphs", "memory", "costs", "modes"}
+    assert tiny_report["passed"] and set(tiny_report["parts"]) == {"kernels", "graphs", "memory", "costs", "modes",
+                                                                   "positions"}
     assert all(part["passed"] and "error" not in part for part in tiny_report["parts"].values())
+
+
+def test_the_check_drafts_past_positions_32768_and_65536(tiny_report):
+    positions = tiny_report["parts"]["positions"]
+    assert all(positions["crossed"].values()), positions
+    assert positions["argmax_equal"] and positions["worst_relative_logit_error"] <= 1e-3, positions
+    assert min(positions["steps_checked"].values()) >= 3, positions
 
 
 def test_kernel_cases_are_the_served_layouts_over_fresh_full_and_wrapped_rings(tiny_report):
@@ -191,3 +199,16 @@ SparrowDrafter.profile_step = lambda self, tokens, requests, k, drafting=None, s
     assert run.returncode == 1 and "memory: FAILED" in run.stdout
     configs = {c["config"]: c for c in report["parts"]["memory"]["configs"]}
     assert configs["chain"]["passed"] and not configs["tree"]["passed"]
+
+
+def test_positions_that_wrap_at_32768_fail_the_check(tmp_path):
+    setup = """
+import vllm_sparrow.gpu_check.__main__ as m
+m.kernels_from_checkout()
+import vllm_sparrow.serving_layer as layer
+real = layer.SparrowServingLayer.project
+layer.SparrowServingLayer.project = lambda self, hidden, embeds, positions: real(self, hidden, embeds, positions % 32768)
+"""
+    run, report = _run_bare(tmp_path, ["--shapes", "tiny", "--device", "cpu", "--parts", "positions"], setup)
+    assert run.returncode == 1
+    assert report["parts"]["positions"]["worst_relative_logit_error"] > 1e-3

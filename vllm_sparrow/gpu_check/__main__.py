@@ -16,7 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
-PARTS = ("kernels", "graphs", "memory", "costs", "modes")
+PARTS = ("kernels", "graphs", "memory", "costs", "modes", "positions")
 
 
 def kernels_from_checkout() -> None:
@@ -62,11 +62,12 @@ def main(argv=None) -> int:
     kernels_from_checkout()
     import torch
 
-    from . import costs, graphs, kernels, memory, modes, shapes
+    from . import costs, graphs, kernels, memory, modes, positions, shapes
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     s = {"7b": shapes.SEVEN_B, "tiny": shapes.TINY}[args.shapes]
-    modules = {"kernels": kernels, "graphs": graphs, "memory": memory, "costs": costs, "modes": modes}
+    modules = {"kernels": kernels, "graphs": graphs, "memory": memory, "costs": costs, "modes": modes,
+               "positions": positions}
     report = {"shapes": s.name, "environment": environment(device), "parts": {}}
     t_all = time.perf_counter()
     for name in args.parts.split(","):

@@ -26,12 +26,13 @@ def test_adaptive_length_steps_aside_under_async_scheduling_with_a_log_line():
     fixed-length drafts there, says so once, and keeps the threshold where async is off."""
     import logging
 
+    from vllm_sparrow import LOGGER
     from vllm_sparrow.drafting.choice import adaptive_length
 
     lines = []
     handler = logging.Handler()
     handler.emit = lambda record: lines.append(record.getMessage())
-    log = logging.getLogger("vllm_sparrow")
+    log = logging.getLogger(LOGGER)
     log.addHandler(handler)
     try:
         assert adaptive_length(0.7, async_scheduling=False) == 0.7

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_sparrow import patch_helper, patches
+from vllm_sparrow import LOGGER, patch_helper, patches
 from vllm_sparrow.v1_runner import method_patches, vllm_fixes, vllm_reads
 from vllm_sparrow.patch_helper import Read
 
@@ -157,8 +157,9 @@ def test_num_frames_on_an_fps_driven_video_loader_warns_to_use_fps(caplog, monke
     patches.apply_patches()
     assert "video-num-frames-ignored" in patches.APPLIED
     VideoMediaIO.__init__.warned.clear()  # an earlier engine of this process may have warned already
-    monkeypatch.setattr(logging.getLogger("vllm_sparrow"), "propagate", True)  # vLLM's logger: to caplog
-    with caplog.at_level(logging.WARNING, logger="vllm_sparrow"):
+    # the plugin's logger is under vLLM's "vllm", which stops propagation once vLLM configured it: to caplog
+    monkeypatch.setattr(logging.getLogger("vllm"), "propagate", True)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
         VideoMediaIO(ImageMediaIO(), video_backend="qwen2_vl")  # no num_frames: nothing to say
         VideoMediaIO(ImageMediaIO(), num_frames=8)  # the default loader takes num_frames
         assert "has no effect" not in caplog.text

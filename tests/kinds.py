@@ -108,7 +108,7 @@ KINDS = {
     "test_tensor_parallel_is_lossless": "demo",
     "test_training_commands_run_as_written": "demo",
     # vllm034
-    "test_caption_and_respond_run_on_vllm_034": "vllm034",
+    "test_caption_respond_and_tune_run_on_vllm_034": "vllm034",
     "test_demo_and_bench_run_on_vllm_034": "vllm034",
     "test_drafting_follows_the_scheduled_depth_on_vllm_034": "vllm034",
     "test_engine_capture_on_vllm_034": "vllm034",

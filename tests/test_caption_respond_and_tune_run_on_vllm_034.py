@@ -1,12 +1,15 @@
-"""`sparrow caption` and `sparrow respond` on a real vLLM 0.34 engine (the stand-in CPU build of
-`make test-vllm034`): the greedy captions of the bundled clips with Sparrow equal vLLM 0.32's (the
-same environment without 0.34's Python in front), token for token, and the target's answers
-`respond` writes through 0.34 are transformers' greedy answers, as on 0.32
-(test_respond_writes_the_targets_answers_through_vllm.py)."""
+"""`sparrow caption`, `sparrow respond` and `sparrow tune` on a real vLLM 0.34 engine (the stand-in
+CPU build of `make test-vllm034`): the greedy captions of the bundled clips with Sparrow equal
+vLLM 0.32's (the same environment without 0.34's Python in front), token for token; the target's
+answers `respond` writes through 0.34 are transformers' greedy answers, as on 0.32
+(test_respond_writes_the_targets_answers_through_vllm.py); tune times the draft in 0.34 engines and
+writes the schedule its costs choose into the draft (light settings: two depths, one start each;
+the full check of the choice is test_tune_chooses_depth_per_batch_size.py, on 0.32)."""
 
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,3 +70,27 @@ def test_sparrow_respond_on_vllm_034_writes_the_targets_greedy_answers(workdir, 
     for sample, line in zip(read_samples(data), (root / "out.jsonl").read_text().splitlines()):
         expected = hf.answer(hf.encode(sample.prompt, sample.media_kind, load_media(sample, 4)), 16)
         assert json.loads(line)["response_ids"] == expected, sample.index
+
+
+def test_sparrow_tune_on_vllm_034_writes_the_schedule_it_measured(tmp_path):
+    from vllm_sparrow.config import SparrowConfig
+    from vllm_sparrow.training.capture import CaptureConfig, capture
+
+    rows = [{"video": str(ROOT / "examples" / "videos" / "world_32s.mp4"), "prompt": "describe the video ."}] * 2
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    capture(CaptureConfig(target=str(MODELS / "target"), data=str(tmp_path / "data.jsonl"), out=str(tmp_path / "cap"),
+                          num_frames=64, max_new_tokens=160, store_dtype="float32"), progress=False)
+    draft = tmp_path / "draft"
+    shutil.copytree(MODELS / "sparrow", draft)
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE")}
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_sparrow.cli", "tune", "--draft", str(draft), "--capture", str(tmp_path / "cap"),
+         "--samples", "2", "--batch-sizes", "1,3", "--steps", "9", "--cost-points", "2", "--rounds", "1",
+         "--out", str(tmp_path / "tune.json"), "--write",
+         "--engine-args", json.dumps({"max_model_len": 1536, "enforce_eager": True, "dtype": "float32"})],
+        capture_output=True, text=True, timeout=900, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "tune.json").read_text())
+    assert all(set(row["ms_per_step"]) == {"1", "16"} and min(row["ms_per_step"].values()) > 0 for row in result["costs"])
+    assert all(0 < row["draft_ms_per_step"]["1"] < row["ms_per_step"]["1"] for row in result["costs"])
+    assert SparrowConfig.load(draft).depth_per_batch_size == result["schedule"] and result["schedule"], result

@@ -8,7 +8,9 @@ no patch): `--media-io-kwargs '{"video": {"video_backend": "pyav", "sampling": .
 - Bounded as on 0.32: frames over decode_pixels are scaled down while decoding, a stream over
   max_frames is refused before decoding, and bad options say what to pass.
 - `vllm serve` on the 0.34 engine with Sparrow, started by examples/serve_sparrow.sh, answers a
-  file:// video chat with the answer of the 0.32 server with Sparrow and its pyav codec at 2 fps.
+  file:// video chat with the answer of the 0.32 server with Sparrow and its pyav codec at 2 fps,
+  and answers 0.32's server test's 4K clip (4 s at 3840x2160) while the API server's peak memory
+  grows by less than 0.32's bound, 512 MiB.
 """
 
 import importlib.util
@@ -69,6 +71,21 @@ def test_pyav_loader_keeps_the_decode_bounds_it_has_on_vllm_032(tmp_path):
         _loader("pyav").load_bytes(raw, backend="opencv")
 
 
+def _frames(n, width, height):
+    """n frames of a moving white square, one at a time (a 4K clip never sits in memory whole)."""
+    frame = np.zeros((height, width, 3), np.uint8)
+    for t in range(n):
+        frame[:] = (7 * t) % 200
+        frame[100:400, 100 + 20 * t : 400 + 20 * t] = 255
+        yield frame
+
+
+def _peak_rss_mib(pid: int) -> float:
+    """VmHWM: the process's peak resident memory so far."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))) / 1024
+
+
 def _serve(target, draft, media, video: dict, log, env=None):
     spec = {"method": "sparrow", "model": str(draft), "num_speculative_tokens": 3}
     args = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048", "--allowed-local-media-path",
@@ -100,9 +117,15 @@ def test_vllm_serve_with_pyav_answers_as_the_vllm_032_server_does(workdir, targe
     script = ["bash", str(ROOT / "examples" / "serve_sparrow.sh"), str(target), str(draft), str(media)]
     path = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # the venv's vllm, as when activated
     args = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048"]
+    big = write_frames(media / "4k.mp4", _frames(120, 3840, 2160), fps=30)  # 0.32's server test's 4K clip
     with vllm_server(None, args, workdir / "pyav-034.log", {"VLLM_CPU_KVCACHE_SPACE": "1", **path},
-                     command=script) as (url, _):
+                     command=script) as (url, proc):
         on_034 = _ask(url, target, clip)
+        before = _peak_rss_mib(proc.pid)
+        assert _ask(url, target, big), "the 4K clip is answered"
+        grown = _peak_rss_mib(proc.pid) - before
+    print(f"4K clip on 0.34: the API server's peak memory grew by {grown:.0f} MiB")
+    assert grown < 512, f"the API server's peak memory grew by {grown:.0f} MiB (0.32's bound: 512)"
     log = (workdir / "pyav-034.log").read_text()
     assert "0.34.0" in log and "Sparrow draft" in log, log[-2000:]
     assert "'video_backend': 'pyav', 'sampling': 'qwen2_vl'" in log, "the script's 0.34 video options"

@@ -97,6 +97,7 @@ KINDS = {
     "test_readme_shell_examples_run_as_written": "server",
     "test_video_decoding_is_bounded": "server",
     # demo
+    "test_confidence_calibration_benchmark_runs": "demo",
     "test_draft_step_cache_benchmark": "demo",
     "test_server_memory_stays_flat_under_load": "demo",
     "test_deep_drafts_are_lossless": "demo",

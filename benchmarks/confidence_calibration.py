@@ -29,32 +29,16 @@ sys.path.insert(0, str(ROOT))
 
 
 def points_of(draft, target, sample, k: int) -> list[tuple[int, float, int]]:
-    """(position, max q, accepted) of every drafted position the verifier reaches in one sample."""
-    from vllm_sparrow.attention import TorchWindowAttention
-    from vllm_sparrow.drafter import SparrowDrafter, StepBatch
+    """(position, max q, accepted) of every drafted position the verifier reaches in one sample:
+    the accepted ones and the first rejected one (greedy drafts: the drawn token is the argmax, so
+    its probability is the distribution's max)."""
     from vllm_sparrow.drafting.chain import ChainDrafting
-    from vllm_sparrow.model import OwnTokenIO
+    from vllm_sparrow.training.acceptance import replayed_chains
 
-    is_visual = sample["is_visual"]
-    tokens, hidden = sample["token_ids"][~is_visual], sample["text_hidden"].float()
-    p, m = int((~is_visual[: int(sample["prompt_len"])]).sum()), tokens.shape[0]
-    greedy = target.logits(hidden).argmax(-1)
-    drafter = SparrowDrafter(draft, OwnTokenIO(draft, target), (), TorchWindowAttention(), hidden.device,
-                             hidden.dtype, max_requests=1, max_draft_tokens=k, max_text_tokens=m + k + 1)
-    out, lo, c = [], 0, p
-    while c < m - 1:
-        batch = StepBatch.from_lists(["r"], tokens[lo:c], hidden[lo:c], [0], [c - lo], [lo], [p],
-                                     tokens[c : c + 1], [False])
-        drafts = drafter.step(batch, k, drafting=ChainDrafting(confidence=True))  # greedy: drawn = argmax
-        ids, conf = drafts.ids[0].tolist(), drafts.confidence[0].tolist()
-        accepted = 0
-        for i, d in enumerate(ids[: m - 1 - c]):
-            ok = d == int(greedy[c + i]) and int(tokens[c + 1 + i]) == int(greedy[c + i])
-            out.append((i, conf[i], int(ok)))
-            if not ok:
-                break
-            accepted += 1
-        lo, c = c, c + accepted + 1
+    out = []
+    for drafts, accepted, reachable in replayed_chains(draft, target, sample, k, ChainDrafting(confidence=True)):
+        conf = drafts.confidence[0].tolist()
+        out += [(i, conf[i], int(i < accepted)) for i in range(min(accepted + 1, reachable))]
     return out
 
 

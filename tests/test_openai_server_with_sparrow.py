@@ -13,6 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 from conftest import TRAINED_TEXTS, close_llm, make_llm, vllm_server
+from heavy_video import frames, peak_rss_mib
 from vllm import SamplingParams
 
 from vllm_sparrow.video import write_synthetic_clip
@@ -145,32 +146,15 @@ def test_bad_input_gets_a_4xx_and_the_server_keeps_serving(server, case, tmp_pat
     assert _ask(server, "still there?").choices[0].message.content is not None
 
 
-def _frames(n, width, height):
-    """n frames of a moving white square, one at a time (a 4K clip never sits in memory whole)."""
-    import numpy as np
-
-    frame = np.zeros((height, width, 3), np.uint8)
-    for t in range(n):
-        frame[:] = (7 * t) % 200
-        frame[100:400, 100 + 20 * t : 400 + 20 * t] = 255
-        yield frame
-
-
-def _peak_rss_mib(pid: int) -> float:
-    """VmHWM: the process's peak resident memory so far."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))) / 1024
-
-
 def test_a_4k_clip_is_answered_without_the_server_holding_its_frames(server, tmp_path):
     """4 s of 3840x2160 at 30 fps (a small file of huge frames): decoding keeps only the 8 sampled
     frames, scaled to 1 MP while decoding, so the server's peak memory grows far below 1 GiB."""
     from vllm_sparrow.video import write_frames
 
-    clip = write_frames(tmp_path / "4k.mp4", _frames(120, 3840, 2160), fps=30)
-    before = _peak_rss_mib(server["pid"])
+    clip = write_frames(tmp_path / "4k.mp4", frames(120, 3840, 2160), fps=30)
+    before = peak_rss_mib(server["pid"])
     reply = _ask(server, [_video_part(_data_url(clip)), {"type": "text", "text": "describe the video"}])
-    grown = _peak_rss_mib(server["pid"]) - before
+    grown = peak_rss_mib(server["pid"]) - before
     print(f"4K clip: the API server's peak memory grew by {grown:.0f} MiB")
     assert reply.choices[0].message.content is not None
     assert grown < 512, f"the API server's peak memory grew by {grown:.0f} MiB"
@@ -181,9 +165,9 @@ def test_videos_over_a_decode_limit_get_a_400_naming_it(server, tmp_path, case):
     from vllm_sparrow.video import write_frames
 
     if case == "frames too large":  # 4096 x 4096 = 16.8 MP > VLLM_MAX_IMAGE_PIXELS
-        clip, hint = write_frames(tmp_path / "big.mp4", _frames(2, 4096, 4096), fps=1), "VLLM_MAX_IMAGE_PIXELS"
+        clip, hint = write_frames(tmp_path / "big.mp4", frames(2, 4096, 4096), fps=1), "VLLM_MAX_IMAGE_PIXELS"
     else:  # a tiny clip with more frames than the server's max_frames
-        clip, hint = write_frames(tmp_path / "long.mp4", _frames(MAX_FRAMES + 100, 64, 64), fps=100), "max_frames"
+        clip, hint = write_frames(tmp_path / "long.mp4", frames(MAX_FRAMES + 100, 64, 64), fps=100), "max_frames"
     with pytest.raises(openai.APIStatusError) as err:
         _ask(server, [_video_part(_data_url(clip)), {"type": "text", "text": "x"}])
     assert err.value.status_code == 400 and hint in str(err.value), str(err.value)

@@ -23,6 +23,7 @@ import numpy as np
 import openai
 import pytest
 from conftest import on_cuda, vllm_server
+from heavy_video import frames, peak_rss_mib
 
 from vllm_sparrow.video import VideoDecodeError, write_frames, write_synthetic_clip
 
@@ -56,9 +57,7 @@ def test_pyav_takes_the_frames_the_named_loader_takes(rule, asked, tmp_path):
 
 
 def test_pyav_loader_keeps_the_decode_bounds_it_has_on_vllm_032(tmp_path):
-    frames = np.zeros((6, 2160, 3840, 3), dtype=np.uint8)
-    frames[:, 500:900, 1000:1600] = 200
-    raw = write_frames(tmp_path / "4k.mp4", frames, fps=30).read_bytes()
+    raw = write_frames(tmp_path / "4k.mp4", frames(6, 3840, 2160), fps=30).read_bytes()
     small, meta = _loader("pyav").load_bytes(raw, num_frames=4, decode_pixels=1 << 18)
     assert small.shape[0] == 4 and small.shape[1] * small.shape[2] <= 1 << 18, small.shape  # scaled while decoding
     with pytest.raises(VideoDecodeError, match="max_frames"):
@@ -69,21 +68,6 @@ def test_pyav_loader_keeps_the_decode_bounds_it_has_on_vllm_032(tmp_path):
         _loader("pyav").load_bytes(raw, sampling="qwen9")
     with pytest.raises(ValueError, match="video_backend"):
         _loader("pyav").load_bytes(raw, backend="opencv")
-
-
-def _frames(n, width, height):
-    """n frames of a moving white square, one at a time (a 4K clip never sits in memory whole)."""
-    frame = np.zeros((height, width, 3), np.uint8)
-    for t in range(n):
-        frame[:] = (7 * t) % 200
-        frame[100:400, 100 + 20 * t : 400 + 20 * t] = 255
-        yield frame
-
-
-def _peak_rss_mib(pid: int) -> float:
-    """VmHWM: the process's peak resident memory so far."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM"))) / 1024
 
 
 def _serve(target, draft, media, video: dict, log, env=None):
@@ -117,13 +101,13 @@ def test_vllm_serve_with_pyav_answers_as_the_vllm_032_server_does(workdir, targe
     script = ["bash", str(ROOT / "examples" / "serve_sparrow.sh"), str(target), str(draft), str(media)]
     path = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # the venv's vllm, as when activated
     args = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048"]
-    big = write_frames(media / "4k.mp4", _frames(120, 3840, 2160), fps=30)  # 0.32's server test's 4K clip
+    big = write_frames(media / "4k.mp4", frames(120, 3840, 2160), fps=30)  # 0.32's server test's 4K clip
     with vllm_server(None, args, workdir / "pyav-034.log", {"VLLM_CPU_KVCACHE_SPACE": "1", **path},
                      command=script) as (url, proc):
         on_034 = _ask(url, target, clip)
-        before = _peak_rss_mib(proc.pid)
+        before = peak_rss_mib(proc.pid)
         assert _ask(url, target, big), "the 4K clip is answered"
-        grown = _peak_rss_mib(proc.pid) - before
+        grown = peak_rss_mib(proc.pid) - before
     print(f"4K clip on 0.34: the API server's peak memory grew by {grown:.0f} MiB")
     assert grown < 512, f"the API server's peak memory grew by {grown:.0f} MiB (0.32's bound: 512)"
     log = (workdir / "pyav-034.log").read_text()

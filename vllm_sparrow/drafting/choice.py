@@ -39,7 +39,7 @@ class DraftingChoice:
     stop_confidence: float | None  # adaptive length's threshold as served (None: off)
     graph_mode: str | None  # "capture" (CUDA graphs), "eager" (their static buffers) or None (plain eager)
     buckets: tuple[int, ...]  # batch sizes the decode graphs cover
-    depths: tuple[int, ...] = ()  # depths the engine's schedule can ask for besides num_draft
+    depths: tuple[int, ...] = ()  # depths the engine's schedule can ask for (besides num_draft)
     confidences_read: bool = False  # the runner budgets verification from per-position confidences
 
     @classmethod
@@ -52,7 +52,7 @@ class DraftingChoice:
         schedule = getattr(spec, "num_speculative_tokens_per_batch_size", None) or ()
         return cls(tree_spec(cfg, num_draft), threshold, draft_graph_mode(vllm_config, device),
                    tuple(default_buckets(vllm_config.scheduler_config.max_num_seqs)),
-                   tuple(sorted({int(e[2]) for e in schedule if 0 < int(e[2]) < num_draft})),
+                   tuple(sorted({int(e[2]) for e in schedule})),
                    bool(getattr(spec, "enable_adaptive_verification", False)))
 
 

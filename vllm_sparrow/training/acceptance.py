@@ -14,6 +14,7 @@ Reported like vLLM: mean acceptance length = 1 + accepted / drafts (bonus token 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 
@@ -21,6 +22,7 @@ from ..attention import TorchWindowAttention
 from ..knobs import knob
 from ..drafting.chain import ChainDrafting
 from ..drafter import SparrowDrafter, StepBatch
+from ..drafting.step import Drafts
 from ..model import OwnTokenIO, SparrowDraftModel
 
 
@@ -63,7 +65,10 @@ def estimate_acceptance(draft: SparrowDraftModel, target, samples, k: int) -> Ac
     return est
 
 
-def _replay(draft, target, sample, k: int, est: AcceptanceEstimate) -> None:
+def replayed_chains(draft, target, sample, k: int, drafting=None) -> Iterator[tuple[Drafts, int, int]]:
+    """vLLM's greedy verify walk over one captured sample, chain by chain, with the serving
+    drafter (`drafting`: its strategy, the plain chain by default): (the step's Drafts, drafts
+    accepted, drafts the verifier could reach: the response's end cuts the last chains)."""
     is_visual = sample["is_visual"]
     tokens = sample["token_ids"][~is_visual]  # [m] text stream
     hidden = sample["text_hidden"].float()  # [m, H]
@@ -76,11 +81,20 @@ def _replay(draft, target, sample, k: int, est: AcceptanceEstimate) -> None:
     lo, c = 0, p  # rows to feed start at lo; c = index of the newest verified token
     while c < m - 1:  # a response token is still to come
         batch = StepBatch.from_lists(["r"], tokens[lo:c], hidden[lo:c], [0], [c - lo], [lo], [p],
-                          tokens[c : c + 1], [False])
-        drafts = drafter.step(batch, k).ids
-        accepted = _verify(est, drafts[0].tolist(), tokens, greedy, c)
+                                     tokens[c : c + 1], [False])
+        drafts = drafter.step(batch, k, drafting=drafting or ChainDrafting())
+        accepted = _verify(AcceptanceEstimate(0, 0, [0] * k), drafts.ids[0].tolist(), tokens, greedy, c)
+        yield drafts, accepted, min(k, m - 1 - c)
         lo, c = c, c + accepted + 1  # verify step rows: the last verified token + accepted drafts
     drafter.release(["r"])
+
+
+def _replay(draft, target, sample, k: int, est: AcceptanceEstimate) -> None:
+    for _, accepted, _ in replayed_chains(draft, target, sample, k):
+        est.drafts += 1
+        est.accepted += accepted
+        for i in range(accepted):
+            est.per_position[i] += 1
 
 
 @torch.no_grad()
@@ -167,25 +181,12 @@ def calibrate_stop_confidence(draft: SparrowDraftModel, target, samples, k: int,
     its leading tokens whose cumulative draft confidence is >= t (at least one) and is accepted up
     to min(kept, accepted); the score is tokens produced per unit cost. Returns (best threshold,
     or None when drafting all K tokens scores best; {threshold or "off": score})."""
-    points = []  # (confidences [k], accepted)
+    points = []  # (cumulative confidences [k], accepted)
     was_training = draft.training
     draft.eval()
     for sample in samples:
-        is_visual = sample["is_visual"]
-        tokens, hidden = sample["token_ids"][~is_visual], sample["text_hidden"].float()
-        p, m = int((~is_visual[: int(sample["prompt_len"])]).sum()), tokens.shape[0]
-        greedy = target.logits(hidden).argmax(-1)
-        drafter = SparrowDrafter(draft, OwnTokenIO(draft, target), (), TorchWindowAttention(), hidden.device,
-                                 hidden.dtype, max_requests=1, max_draft_tokens=k, max_text_tokens=m + k + 1)
-        lo, c = 0, p
-        while c < m - 1:  # as the replay: a response token is still to come
-            batch = StepBatch.from_lists(["r"], tokens[lo:c], hidden[lo:c], [0], [c - lo], [lo], [p],
-                                         tokens[c : c + 1], [False])
-            drafts = drafter.step(batch, k, drafting=_WITH_CONFIDENCE)
-            scratch = AcceptanceEstimate(0, 0, [0] * k)
-            accepted = _verify(scratch, drafts.ids[0].tolist(), tokens, greedy, c)
+        for drafts, accepted, _ in replayed_chains(draft, target, sample, k, _WITH_CONFIDENCE):
             points.append((drafts.confidence[0].cumprod(0).tolist(), accepted))
-            lo, c = c, c + accepted + 1
     draft.train(was_training)
 
     def score(t: float | None) -> float:

@@ -74,7 +74,8 @@ class SparrowSpeculator(DraftModelSpeculator):
 
     # ---- set-up called by the runner ----------------------------------------------------------
     def load_draft_model(self, target_model: torch.nn.Module, target_attn_layer_names: set[str]) -> torch.nn.Module:
-        self.greedy = self._greedy_sampler()
+        self.recorder = self._confidence_recorder()  # None: no runner reads confidences
+        self.greedy = self.recorder or greedy  # the decode steps' greedy sampler (what the graphs replay)
         with envs.engine_options(self.options):
             self.served = load_serving_draft(self.vllm_config, self.speculative_config.model, target_model,
                                              self.device, self.dtype, self.num_speculative_steps,
@@ -88,18 +89,18 @@ class SparrowSpeculator(DraftModelSpeculator):
         from vllm import __version__
 
         line = f"V2 runner glue on vLLM {__version__}'s registry, nothing patched"
-        if self.greedy is not greedy:
+        if self.recorder is not None:
             line += ("; adaptive verification on: every drafted position's confidence written through "
                      "vLLM's acceptance estimator, started from the draft's own probabilities")
         return line
 
-    def _greedy_sampler(self):
-        """The decode steps' greedy sampler: with adaptive verification, one that writes each
-        position's confidence first (confidences.py). Its estimator is made here, before the draft's
-        CUDA graphs that record into it are captured, in place of the one the base class would make
-        after this method returns."""
+    def _confidence_recorder(self) -> ConfidenceRecorder | None:
+        """With adaptive verification, the sampler wrapper that writes each position's confidence
+        first (confidences.py). Its estimator is made here, before the draft's CUDA graphs that
+        record into it are captured, in place of the one the base class would make after this
+        method returns."""
         if not self.use_acceptance_estimator:
-            return greedy
+            return None
         self.acceptance_estimator = OnlineAcceptanceEstimator(self.max_num_reqs, self.num_speculative_steps,
                                                               self.device)
         start_from_draft_probabilities(self.acceptance_estimator)
@@ -172,7 +173,7 @@ class SparrowSpeculator(DraftModelSpeculator):
                 drafter.commit(batch, 0)
             return out.zero_()
         slots = input_batch.idx_mapping[:n]  # [B] request-state slot of each batch row
-        if self.greedy is not greedy:  # the confidences' inputs, in the buffers the recorder reads
+        if self.recorder is not None:  # the confidences' inputs, in the buffers the recorder reads
             self.idx_mapping[:n].copy_(slots)
             self.idx_mapping[n:].fill_(-1)
             self.temperature.copy_(temperature)
@@ -185,7 +186,7 @@ class SparrowSpeculator(DraftModelSpeculator):
         confidence recorder when the runner reads confidences."""
         sample = Sampled(temp, self.draft_generator, LogitRows(self.draft_logits.values, slots,
                                                                self.served.drafter.vocab_ids))
-        return sample if self.greedy is greedy else self.greedy.around(sample)
+        return sample if self.recorder is None else self.recorder.around(sample)
 
     def _profile_sampler(self):
         """The sampler of the profile's step: every request sampled when vLLM keeps draft logits

@@ -62,6 +62,7 @@ def draft_step_ms(draft, target, k: int, steps: int, sweep: torch.Tensor | None)
     streamed through memory before each step and not timed."""
     from vllm_sparrow.attention import TorchWindowAttention
     from vllm_sparrow.drafter import SparrowDrafter, StepBatch
+    from vllm_sparrow.drafting.chain import CHAIN
     from vllm_sparrow.model import OwnTokenIO
 
     gen = torch.Generator().manual_seed(0)
@@ -77,7 +78,7 @@ def draft_step_ms(draft, target, k: int, steps: int, sweep: torch.Tensor | None)
         if sweep is not None:
             sweep.mul_(1.0)
         start = time.perf_counter()
-        drafter.step(batch, k)
+        CHAIN.step(drafter, batch, k)
         times.append(time.perf_counter() - start)
         lo, c = c, c + 1
     return 1e3 * statistics.median(times[3:])  # the first steps warm up

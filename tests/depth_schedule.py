@@ -32,8 +32,8 @@ def prompts(target) -> list[str]:
 def _record_steps(worker) -> None:
     runner = worker.model_runner
     glue = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
-    drafter = glue.sparrow_core
-    step, drafter.step_records = drafter.step, []
+    drafter, served = glue.sparrow_core, glue.served  # each step goes through the served draft (serving_draft.py)
+    step, drafter.step_records = served.step, []
 
     def recorded(batch, num_draft, *args, **kwargs):
         with OpCounter() as ops:
@@ -44,7 +44,7 @@ def _record_steps(worker) -> None:
                                          ops=ops.ops, seconds=seconds, drafted=int(out.ids.shape[1])))
         return out
 
-    drafter.step = recorded
+    served.step = recorded
 
 
 def _records(worker) -> list[dict]:

@@ -38,15 +38,16 @@ class _RecordingIO:
 
 
 def _record_on(worker) -> None:
-    drafter = worker.model_runner.drafter.sparrow_drafter
+    served = worker.model_runner.drafter.served  # every step goes through the served draft (serving_draft.py)
+    drafter = served.drafter
     if getattr(drafter, "recorded", None) is None:
         drafter.recorded, logits = [], []
         drafter.io = _RecordingIO(drafter.io, logits)
-        original = drafter.step
+        original = served.step
 
-        def step(batch, num_draft, sample, drafting):
+        def step(batch, num_draft, sample):
             logits.clear()
-            drafts = original(batch, num_draft, sample, drafting)
+            drafts = original(batch, num_draft, sample)
             ids, probs = drafts.ids, drafts.probs
             B = len(batch.req_ids)
             drafter.recorded.append({
@@ -60,12 +61,12 @@ def _record_on(worker) -> None:
                 "logits": [x for x in logits if x.shape[0] == B]})
             return drafts
 
-        drafter.step = step
+        served.step = step
     drafter.recorded.clear()
 
 
 def _recorded(worker) -> list[dict]:
-    return worker.model_runner.drafter.sparrow_drafter.recorded
+    return worker.model_runner.drafter.served.drafter.recorded
 
 
 def record_drafter_inputs(llm) -> None:

@@ -45,7 +45,7 @@ def _step(drafting, cuts, sample_fn=greedy, prefilling=()):
                                  list(cuts), [0] * len(cuts), [10] * len(cuts), torch.stack([tokens[c] for c in cuts]),
                                  [i in prefilling for i in range(len(cuts))])
     torch.manual_seed(0)
-    return drafter.step(batch, D, sample_fn, drafting), drafter.forwards
+    return drafting.step(drafter, batch, D, sample_fn), drafter.forwards
 
 
 CUTS16 = tuple(11 + (7 * i) % 26 for i in range(16))  # 16 requests at 16 different places

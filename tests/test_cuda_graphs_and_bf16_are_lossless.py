@@ -77,7 +77,7 @@ class _CountingGraph:
 
 
 def _count_graph_replays(worker):
-    graphs = getattr(worker.model_runner.drafter.drafting, "graphs", None)
+    graphs = getattr(worker.model_runner.drafter.served.drafting, "graphs", None)
     if graphs is None:
         return None
     graphs.graphs = {b: _CountingGraph(g) for b, g in graphs.graphs.items()}
@@ -85,7 +85,7 @@ def _count_graph_replays(worker):
 
 
 def _graph_replays(worker) -> dict[int, int]:
-    return {b: g.replays for b, g in worker.model_runner.drafter.drafting.graphs.graphs.items()}
+    return {b: g.replays for b, g in worker.model_runner.drafter.served.drafting.graphs.graphs.items()}
 
 
 @pytest.fixture(scope="module")

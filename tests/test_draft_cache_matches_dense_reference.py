@@ -17,6 +17,7 @@ import torch
 from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
+from vllm_sparrow.drafting.chain import CHAIN
 from vllm_sparrow.model import SparrowDraftModel
 from dense_reference import dense_draft_logits
 
@@ -148,7 +149,7 @@ def _run_steps(drafter, model, io, reqs, steps, rnd, chunk_choices):
         batch = StepBatch.from_lists([r.rid for r, *_ in parts], torch.tensor(toks), torch.stack(hid),
                                      row_start, valid, seq_start, prompt_lens, torch.tensor(nxt), mids,
                                      visual_token_ids=(VIS,) if rnd.random() < 0.5 else None)
-        ids = drafter.step(batch, K, sampler).ids
+        ids = CHAIN.step(drafter, batch, K, sampler).ids
         for b, (r, *_rest) in enumerate(parts):
             if mids[b]:
                 assert ids[b].eq(0).all()
@@ -213,7 +214,7 @@ def test_visual_positions_never_enter_the_cache():
         prompt = [1, 2, 3] + [VIS] * n_vis + [4, 5, 6]
         batch = StepBatch.from_lists([f"v{n_vis}"], torch.tensor(prompt), torch.randn(len(prompt), H), [0],
                                      [len(prompt)], [0], [len(prompt)], torch.tensor([11]), [False])
-        drafter.step(batch, 3)
+        CHAIN.step(drafter, batch, 3)
     entries = drafter.stats()["text_entries"]
     assert entries["v4"] == entries["v400"] == 6
 

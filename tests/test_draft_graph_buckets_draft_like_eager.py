@@ -18,7 +18,7 @@ from vllm import SamplingParams
 from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.drafting.graphs import DecodeGraphs, GraphDrafting, default_buckets
-from vllm_sparrow.drafting.chain import ChainDrafting
+from vllm_sparrow.drafting.chain import CHAIN, ChainDrafting
 from vllm_sparrow.drafting.step import greedy
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
 from vllm_sparrow.model import SparrowDraftModel
@@ -103,8 +103,8 @@ def _lockstep(eager, graphed, device):
         batch = StepBatch.from_lists(batch_ids, torch.tensor(toks, device=device), torch.cat(hid).to(device),
                                      starts, valid, seq, prompt, torch.tensor(nxt, device=device), mid)
         depth = (K, 1, K, 2)[step % 4]
-        a = eager.step(batch, depth).ids
-        b = graphed.step(batch, depth, greedy, drafting).ids
+        a = CHAIN.step(eager, batch, depth).ids
+        b = drafting.step(graphed, batch, depth, greedy).ids
         assert torch.equal(a, b), f"step {step}: {a.tolist()} != {b.tolist()}"
         for i, rid in enumerate(batch_ids):
             reqs[rid][3] = a[i].tolist()
@@ -125,7 +125,7 @@ def test_buckets_cover_every_batch_size_up_to_the_engines_limit():
 
 
 def _replays(worker):
-    graphs = getattr(worker.model_runner.drafter.drafting, "graphs", None)
+    graphs = getattr(worker.model_runner.drafter.served.drafting, "graphs", None)
     return None if graphs is None else graphs.replays
 
 

@@ -15,6 +15,7 @@ from vllm import SamplingParams
 from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
+from vllm_sparrow.drafting.chain import CHAIN
 from vllm_sparrow.model import SparrowDraftModel
 from sparrow_world.bench.op_count import count_draft_ops, draft_op_records
 from sparrow_world.tiny_targets import make_prompt
@@ -80,6 +81,6 @@ def test_the_drafters_decode_step_runs_on_the_meta_device():
         num_valid=torch.empty(B, dtype=torch.long, device=meta), seq_start=torch.empty(B, dtype=torch.long, device=meta),
         num_prompt_tokens=torch.empty(B, dtype=torch.long, device=meta),
         next_token=torch.empty(B, dtype=torch.long, device=meta), mid_prefill=torch.empty(B, dtype=torch.bool, device=meta))
-    drafts = drafter.step(batch, K)
+    drafts = CHAIN.step(drafter, batch, K)
     ids, probs = drafts.ids, drafts.probs
     assert ids.shape == (B, K) and ids.device == meta and probs is None

@@ -23,6 +23,7 @@ import torch
 from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
+from vllm_sparrow.drafting.chain import CHAIN
 from vllm_sparrow.model import SparrowDraftModel
 
 H, V, VIS, K, A, W = 64, 50, 7, 3, 4, 16
@@ -138,7 +139,7 @@ def test_drafts_past_positions_32768_and_65536_equal_the_dense_reference():
 
         batch = StepBatch.from_lists([r.rid for r in reqs], torch.tensor(toks), hidden, row_start, valid, seq_start,
                                      prompt, torch.tensor(nxt), mids, visual_token_ids=(VIS,))
-        ids = drafter.step(batch, K, sampler).ids
+        ids = CHAIN.step(drafter, batch, K, sampler).ids
         for b, r in enumerate(reqs):
             if mids[b]:
                 continue

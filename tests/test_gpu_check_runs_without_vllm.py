@@ -192,8 +192,9 @@ def test_a_profile_that_drafts_otherwise_than_the_engine_fails_the_check(tmp_pat
 import vllm_sparrow.gpu_check.__main__ as m
 m.kernels_from_checkout()
 from vllm_sparrow.drafter import SparrowDrafter
+from vllm_sparrow.drafting.chain import CHAIN
 real = SparrowDrafter.profile_step
-SparrowDrafter.profile_step = lambda self, tokens, requests, k, drafting=None, sample=None: real(self, tokens, requests, k)
+SparrowDrafter.profile_step = lambda self, tokens, requests, k, drafting=None, sample=None: real(self, tokens, requests, k, CHAIN)
 """
     run, report = _run_bare(tmp_path, ["--shapes", "tiny", "--device", "cpu", "--parts", "memory"], setup)
     assert run.returncode == 1 and "memory: FAILED" in run.stdout

@@ -22,6 +22,7 @@ from conftest import close_llm, make_llm
 from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
+from vllm_sparrow.drafting.chain import CHAIN
 from vllm_sparrow.model import SparrowDraftModel
 
 K = 3
@@ -77,7 +78,7 @@ def test_a_video_chunk_beside_255_decodes_runs_the_draft_on_its_own_rows_at_7b_w
         query_start=np.concatenate([[0], np.cumsum(qlen)]), num_valid=e(B), seq_start=e(B),
         num_prompt_tokens=e(B), next_token=e(B), mid_prefill=e(B, dt=torch.bool),
         text_bound=np.full(B, 4096), text_rows=np.array([K + 1] * decodes + [chunk_text]))
-    drafts = drafter.step(batch, K)
+    drafts = CHAIN.step(drafter, batch, K)
     ids, probs = drafts.ids, drafts.probs
     assert ids.shape == (B, K) and ids.device == meta and probs is None
     packed = decodes * (K + 2) + chunk_text + 1  # each request's text rows + 1 for a pending state
@@ -223,7 +224,7 @@ def test_the_profile_step_leaves_every_request_as_it_was():
                              max_requests=4, max_draft_tokens=K, max_text_tokens=64)
     batch = StepBatch.from_lists(["a"], torch.arange(10, 22), torch.randn(12, H), [0], [12], [0], [12],
                                  torch.tensor([30]), [False])
-    drafter.step(batch, K)
+    CHAIN.step(drafter, batch, K)
     state, cache_k = drafter.state.clone(), drafter.cache.k[:-1].clone()
     counter = drafter.layer = _RowCounter(drafter.layer)
     rows = drafter.profile_step(num_tokens=500, num_requests=12, num_draft=K)  # chunks past the RoPE table split

@@ -9,6 +9,7 @@ import torch
 from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
+from vllm_sparrow.drafting.chain import CHAIN
 from vllm_sparrow.model import SparrowDraftModel
 from vllm_sparrow.training.ivsb import VisualBridge, pick_visual, visual_keys, visual_text_positions
 from vllm_sparrow.training.objective import unrolled_stages
@@ -52,7 +53,7 @@ def _serve_chain(draft, io, tokens, hidden, c, depth):
 
     batch = StepBatch.from_lists(["r"], tokens[: c + 1], hidden[: c + 1], [0], [c + 1], [0], [c + 1],
                       tokens[c + 1 : c + 2], [False])
-    drafter.step(batch, depth, sample)
+    CHAIN.step(drafter, batch, depth, sample)
     return seen
 
 

@@ -17,6 +17,7 @@ from engine_probe import drafter_stats
 from sparrow_world.tiny_targets import make_prompt
 from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.drafter import RECENT_RELEASED, SparrowDrafter, StepBatch
+from vllm_sparrow.drafting.chain import CHAIN
 from tiny_drafts import H, V, IO, tiny_draft
 
 VIS, K, SLOTS = 7, 3, 16  # visual placeholder id, draft depth, draft cache slots
@@ -39,7 +40,7 @@ def _prefill(drafter, rids: list[str], rnd: random.Random, mid: bool = False) ->
     batch = StepBatch.from_lists(rids, tokens, torch.randn(len(tokens), H), starts, [len(p) for p in prompts],
                                  [0] * len(rids), lens, torch.randint(10, V, (len(rids),)), [mid] * len(rids),
                                  visual_token_ids=(VIS,))
-    drafter.step(batch, K)
+    CHAIN.step(drafter, batch, K)
     return [len(p) for p in prompts]
 
 
@@ -50,7 +51,7 @@ def _decode(drafter, rids: list[str], seen: list[int], rnd: random.Random) -> No
     batch = StepBatch.from_lists(rids, torch.randint(10, V, (L * len(rids),)), torch.randn(L * len(rids), H),
                                  [L * i for i in range(len(rids))], nv, seen, seen,
                                  torch.randint(10, V, (len(rids),)), [False] * len(rids))
-    drafter.step(batch, K)
+    CHAIN.step(drafter, batch, K)
     for i, n in enumerate(nv):
         seen[i] += n
 
@@ -144,5 +145,5 @@ def test_engine_proposer_holds_only_live_requests_after_finishes_aborts_and_pree
     held = drafter_stats(llm)["held"]
     close_llm(llm)
     assert preempted > 0, "the KV budget must force preemptions"
-    assert held["slots"] <= 1 and held["visual_counts"] <= 1, held  # at most the follow-up request
+    assert held["slots"] <= 1 and held["prompt_layouts"] <= 1, held  # at most the follow-up request
     assert held["recent"] <= min(n + 1, RECENT_RELEASED), held

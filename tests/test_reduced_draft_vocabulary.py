@@ -14,7 +14,9 @@ from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.draft_vocab import VOCAB_FILE, SubsetLogits, count_text_tokens, load_vocab, save_vocab, top_tokens
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
-from vllm_sparrow.drafting.sampling import QBuffer, Sampled
+from vllm_sparrow.drafting.chain import CHAIN
+from vllm_sparrow.drafting.sampling import Sampled
+from vllm_sparrow.v1_runner.q_buffer import QBuffer
 from vllm_sparrow.model import SparrowDraftModel
 from engine_probe import spec_counters
 from sparrow_world.tiny_targets import make_prompt
@@ -58,7 +60,7 @@ def _drafts(io, sample=None):
     tokens, hidden = torch.randint(0, V, (12,), generator=g), torch.randn(12, H, generator=g)
     batch = StepBatch.from_lists(["a", "b"], tokens, hidden, [0, 6], [6, 6], [0, 0], [6, 6],
                                  torch.tensor([3, 4]), [False, False])
-    drafts = drafter.step(batch, K, *(() if sample is None else (sample,)))
+    drafts = CHAIN.step(drafter, batch, K, *(() if sample is None else (sample,)))
     return drafts.ids, drafts.probs
 
 
@@ -138,7 +140,7 @@ def served(target_dirs, trained_drafts, workdir):
     outputs = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy, use_tqdm=False)]
     counters = spec_counters(llm)
     sampled = llm.generate(prompts, SamplingParams(temperature=0.8, seed=1, max_tokens=16), use_tqdm=False)
-    vocab = llm.collective_rpc(lambda w: w.model_runner.drafter.sparrow_drafter.vocab_ids.numel())[0]
+    vocab = llm.collective_rpc(lambda w: w.model_runner.drafter.served.drafter.vocab_ids.numel())[0]
     close_llm(llm)
     return dict(reference=reference, outputs=outputs, counters=counters, sampled=sampled, vocab=vocab, used=used)
 

@@ -14,7 +14,10 @@ import torch
 from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
-from vllm_sparrow.drafting.sampling import LogitRows, QBuffer, Sampled
+from vllm_sparrow.drafting.chain import CHAIN
+from vllm_sparrow.drafting.sampling import Sampled
+from vllm_sparrow.v1_runner.q_buffer import QBuffer
+from vllm_sparrow.v2_runner.draft_logits import LogitRows
 from vllm_sparrow.gpu_check.meter import SizeModel
 from vllm_sparrow.model import SparrowDraftModel
 
@@ -53,7 +56,7 @@ def _prompts(n, length=6):
 def test_v1_drafts_hand_the_runner_a_view_of_the_buffer_q_was_made_in():
     drafter, q = _drafter(), QBuffer(4, K, V, "cpu")
     temps = torch.tensor([0.0, 0.7, 1.0])
-    drafts = drafter.step(_prompts(3), K, Sampled(temps, torch.Generator().manual_seed(1), q))
+    drafts = CHAIN.step(drafter, _prompts(3), K, Sampled(temps, torch.Generator().manual_seed(1), q))
     assert drafts.sampled and drafts.probs.shape == (3, K, V)
     assert drafts.probs.untyped_storage().data_ptr() == q.q.untyped_storage().data_ptr()  # no copy
     torch.testing.assert_close(drafts.probs.sum(-1), torch.ones(3, K))
@@ -117,7 +120,7 @@ def test_a_sampled_step_at_1024_requests_and_7b_widths_allocates_no_b_by_k_by_vo
     peaks = {}
     for name, sample in (("greedy", None), ("sampled", Sampled(e(B, dt=torch.float32), None, q))):
         with SizeModel() as size:
-            drafter.step(batch, K8, *(() if sample is None else (sample,)))
+            CHAIN.step(drafter, batch, K8, *(() if sample is None else (sample,)))
         peaks[name] = size.peak
         drafter.release(batch.req_ids)
     row = B * vocab * 4  # one [B, vocab] float32

@@ -7,6 +7,7 @@ from tiny_drafts import D, IO, greedy_sample, tiny_draft
 
 from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
+from vllm_sparrow.drafting.chain import CHAIN
 from vllm_sparrow.training.tree_replay import _greedy_chain, _Keys, replay_trees
 from vllm_sparrow.window import WindowSpec
 
@@ -23,7 +24,7 @@ def test_replayed_chains_are_what_the_serving_drafter_drafts():
         drafter = SparrowDrafter(model, io, (), TorchWindowAttention(), torch.device("cpu"), torch.float32,
                                  max_requests=1, max_draft_tokens=D, max_text_tokens=64)
         batch = StepBatch.from_lists(["r"], tokens[:c], hidden[:c], [0], [c], [0], [10], tokens[c : c + 1], [False])
-        served = drafter.step(batch, D).ids
+        served = CHAIN.step(drafter, batch, D).ids
         assert chain == served[0].tolist(), c
 
 

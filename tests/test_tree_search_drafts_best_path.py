@@ -36,7 +36,7 @@ def _batch_step(drafter, sample, drafting=ChainDrafting(), cuts=CUTS, k=D):
     nxt = torch.stack([tokens[c] for c in cuts])
     batch = StepBatch.from_lists([f"r{i}" for i in range(len(cuts))], toks, hid, starts, list(cuts),
                                  [0] * len(cuts), [10] * len(cuts), nxt, [False] * len(cuts))
-    drafts = drafter.step(batch, k, greedy, drafting)
+    drafts = drafting.step(drafter, batch, k, greedy)
     assert drafts.probs is None
     return drafts
 

@@ -122,6 +122,7 @@ def test_drafter_on_the_triton_backend_drafts_like_the_torch_backend():
     from vllm_sparrow.attention import TorchWindowAttention, TritonWindowAttention
     from vllm_sparrow.config import SparrowConfig
     from vllm_sparrow.drafter import SparrowDrafter, StepBatch
+    from vllm_sparrow.drafting.chain import CHAIN
     from vllm_sparrow.model import SparrowDraftModel
 
     cfg = SparrowConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -155,7 +156,7 @@ def test_drafter_on_the_triton_backend_drafts_like_the_torch_backend():
                                          torch.cat([hidden[lo:c], hidden[20:20 + len(b_rows)]]), [0, c - lo],
                                          [c - lo, len(b_rows)], [lo, 0 if step == 0 else 3 + step], [9, 4],
                                          tokens[c:c + 2], [False, False])
-            drafter.step(batch, 3, sample)
+            CHAIN.step(drafter, batch, 3, sample)
             lo, c = c, c + 1 + step  # accept `step` drafts each time
         seen[backend.name] = torch.cat(logits)
     # the same drafts, and logits to float32 noise: the two backends sum in other orders, and

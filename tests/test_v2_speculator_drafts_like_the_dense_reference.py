@@ -1,7 +1,7 @@
-"""Under vLLM 0.34's own Python (`make test-vllm034`), the V2 runner's speculator
+"""Under vLLM 0.34's own Python (`make test-v2-runner`), the V2 runner's speculator
 (vllm_sparrow/v2_runner/speculator.py) built from real 0.34 config objects and driven through
 propose() with 0.34's own InputBatch and RequestState on CPU tensors (its Triton bookkeeping
-kernels run under Triton's interpreter, as make test-vllm034 sets up; its pinned-memory buffers
+kernels run under Triton's interpreter, as make test-v2-runner sets up; its pinned-memory buffers
 are the CPU worker's own stand-ins, vllm.v1.worker.cpu.shm) drafts what the dense reference
 drafts (tests/dense_reference.py), at every step, for: video requests decoding with random
 acceptance, a 3,000-token text prompt arriving in chunks beside 16 of them, requests finished and
@@ -271,7 +271,7 @@ def test_the_v2_speculator_drafts_what_the_dense_reference_drafts(built):
     assert run.host_reads == []
     held = run.spec.served.drafter.held()
     assert held["slots"] == len(run.reqs)  # v3, v4 released when finished, v6 when a newcomer came
-    assert set(run.spec.layouts.by_request) == set(run.reqs)  # prompt layouts of live requests only
+    assert set(run.spec.served.layouts.by_request) == set(run.reqs)  # prompt layouts of live requests only
 
 
 def test_sampled_drafts_leave_the_distribution_they_were_drawn_from_for_vllms_rejection_sampler(built_sampled):

@@ -1,8 +1,9 @@
 """Sparrow drafting: hidden-state reuse over a text-only, window-attended draft cache.
 
 Independent of vLLM and of its runners: each runner's glue (v1_runner/proposer.py,
-v2_runner/speculator.py) turns an engine step into a `StepBatch` and asks for K draft tokens
-per request.
+v2_runner/speculator.py) turns an engine step into a `StepBatch` and hands it, with this drafter,
+to the drafting strategy chosen when the draft loaded (drafting/: the strategies call the
+drafter's commit and forwards, through drafting/step.py's DraftCore; the drafter calls none).
 
 Per request the drafter keeps a text stream. Entry j pairs the target's hidden state of the
 j-th text token with the embedding of the text token that follows it (EAGLE-style: "state at
@@ -29,9 +30,8 @@ import numpy as np
 import torch
 
 from .attention import WindowAttentionBackend
-from .drafting.chain import ChainDrafting
 from .drafting.sampling import GREEDY_TEMPERATURE, Sampler, greedy, sampled
-from .drafting.step import Committed, Drafts, DraftingStrategy, Proposal, StepBatch
+from .drafting.step import Committed, DraftingStrategy, Proposal, StepBatch
 from .model import SparrowDraftModel, TokenIO
 from .serving_layer import SparrowServingLayer
 from .window import PackedRows, TextWindowCache, WindowBatch, WindowSpec
@@ -40,9 +40,6 @@ __all__ = ["GREEDY_TEMPERATURE", "SparrowDrafter", "StepBatch", "Sampler", "gree
 
 COMMITTED, SEEN, HAS_PENDING = 0, 1, 2  # columns of SparrowDrafter.state
 RECENT_RELEASED = 1024  # released requests whose text entries stats() still reports (a fixed bound)
-
-
-CHAIN = ChainDrafting()  # the default strategy: the greedy or sampled chain
 
 
 def profile_layout(num_tokens: int, num_requests: int, longest: int) -> np.ndarray:
@@ -75,7 +72,8 @@ class SparrowDrafter:
         recent_released: int = RECENT_RELEASED,
     ) -> None:
         cfg = model.cfg
-        self.io, self.backend, self.device = io, backend, torch.device(device)
+        self.io, self.backend, self.device, self.dtype = io, backend, torch.device(device), dtype
+        self.hidden_size = cfg.hidden_size
         # A reduced draft vocabulary (draft_vocab.SubsetLogits): io.logits covers io.ids only.
         self.vocab_ids: torch.Tensor | None = getattr(io, "ids", None)  # [N] column -> token id
         self.max_draft_tokens = max_draft_tokens
@@ -143,15 +141,6 @@ class SparrowDrafter:
         self._recent_entries[row] = self.state[slot, COMMITTED]  # a device copy: no sync
 
     # ---- one engine step -----------------------------------------------------------
-    @torch.inference_mode()
-    def step(self, batch: StepBatch, num_draft: int, sample: Sampler = greedy,
-             drafting: DraftingStrategy = CHAIN) -> Drafts:
-        """Commit this step's target states, then draft `num_draft` tokens per request the way
-        `drafting` does (drafting/; by default the greedy or sampled chain): ids [B, num_draft]
-        (zeros for requests still in their prompt), and with a probabilistic `sample` the draft
-        probabilities [B, num_draft, vocab]."""
-        return drafting.step(self, batch, num_draft, sample)
-
     def commit(self, batch: StepBatch, num_draft: int) -> Committed:
         """Commit this step's target states to the requests' slots (the fixed [B, K + 1] layout
         when every request decodes, else packed rows): what every strategy drafts from."""
@@ -172,8 +161,8 @@ class SparrowDrafter:
         return self._commit_packed(batch, slot_list, rows)
 
     @torch.inference_mode()
-    def profile_step(self, num_tokens: int, num_requests: int, num_draft: int,
-                     drafting: DraftingStrategy = CHAIN, sample: Sampler = greedy) -> int:
+    def profile_step(self, num_tokens: int, num_requests: int, num_draft: int, drafting: DraftingStrategy,
+                     sample: Sampler = greedy) -> int:
         """The largest step vLLM can schedule: num_tokens rows, all text, over num_requests
         requests, drafted on the sink slot the way the engine drafts (its strategy, and a sampler
         that samples every request when it may sample any), so vLLM's memory profile (its dummy

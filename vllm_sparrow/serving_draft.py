@@ -5,12 +5,16 @@ runner's proposer in load_model, proposer.py; the V2 runner's speculator, v2_run
 loaded from its directory, its text-only window cache sized by max_num_seqs (refused with a
 message when it cannot fit), its token I/O (its own embedding and LM head, else the target's, on
 its reduced vocabulary where it ships one), the drafter, and the drafting strategy chosen once
-(drafting/choice.py, which reads its own inputs), its CUDA graphs captured. Reads of vLLM are of
-VllmConfig fields both runners' releases define.
+(drafting/choice.py, which reads its own inputs), its CUDA graphs captured. The ServingDraft it
+returns is the engine-side object both glues drive: a step, the profile step, the release of
+ended requests, the sampled draft's seeded generator, the prompts' layouts, the stats; a glue
+keeps only what its runner needs translated. Reads of vLLM are of VllmConfig fields both
+runners' releases define.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,10 +26,11 @@ from .checkpoint import load_draft
 from .draft_vocab import SubsetLogits, load_vocab
 from .drafter import SparrowDrafter
 from .drafting.choice import DraftingChoice, choose_drafting
-from .drafting.sampling import Sampler, greedy
-from .drafting.step import DraftingStrategy
-from .host_memory import DEFAULT_INTERVAL_S
+from .drafting.sampling import QStore, Sampled, Sampler, greedy
+from .drafting.step import Drafts, DraftingStrategy, StepBatch
+from .host_memory import DEFAULT_INTERVAL_S, HostMemoryReturner
 from .model import OwnTokenIO, SparrowDraftModel, TargetTokenIO
+from .prompt_layout import PromptLayouts
 from .targets import target_spec
 from .window import TextWindowCache, WindowSpec
 
@@ -37,12 +42,53 @@ logger = init_logger(LOGGER)
 
 @dataclass
 class ServingDraft:
-    """What a glue holds of the draft while it serves."""
+    """What a glue holds of the draft while it serves, and what it asks of it."""
 
     model: SparrowDraftModel  # kept off a glue's `.model`: vLLM's runners wrap that one
     drafter: SparrowDrafter
     drafting: DraftingStrategy
-    visual_ids: np.ndarray  # [V] int64 the target's visual placeholder token ids
+    layouts: PromptLayouts  # each live request's visual placeholder spans (the glue records them)
+    generator: torch.Generator  # sampled drafts' noise, seeded by the engine's seed
+    host_memory: HostMemoryReturner  # gives freed host pages back as requests end
+
+    @property
+    def visual_ids(self) -> np.ndarray:
+        return self.layouts.visual_ids  # [V] int64 the target's visual placeholder token ids
+
+    def step(self, batch: StepBatch, num_draft: int, sample: Sampler = greedy) -> Drafts:
+        """One engine step: the batch's target states committed, num_draft tokens drafted per
+        request by the chosen strategy."""
+        return self.drafting.step(self.drafter, batch, num_draft, sample)
+
+    def sampled(self, temperature: torch.Tensor, store: QStore) -> Sampled:
+        """A step's sampled draft (temperature [>= B] by batch row), q kept in the runner's store."""
+        return Sampled(temperature, self.generator, store)
+
+    def profile(self, num_tokens: int, num_requests: int, num_draft: int, store: QStore | None = None) -> int:
+        """vLLM's memory profile: the largest step, drafted as the engine drafts, every request
+        sampled when a store keeps q (drafter.profile_step). Returns the packed rows run."""
+        sample = greedy if store is None else self.sampled(torch.ones(num_requests, device=self.drafter.device), store)
+        return self.drafter.profile_step(num_tokens, num_requests, num_draft, self.drafting, sample)
+
+    def release(self, req_ids) -> None:
+        """Requests that finished, were aborted or left the runner: their slots and layouts go."""
+        req_ids = list(req_ids)
+        self.drafter.release(req_ids)
+        self.layouts.drop(req_ids)
+        self.host_memory.maybe_release()  # the ended requests' step temporaries are free now
+
+    def release_all(self) -> None:
+        self.release(self.drafter.tracked())
+        self.layouts.by_request.clear()
+
+    def stats(self) -> dict:
+        """The drafter's accounting (SparrowDrafter.stats, with the prompt layouts held beside it in
+        "held"), the host-memory returner's, and the strategy as it describes itself
+        (engine_stats.drafter_stats reads it from either glue)."""
+        stats = self.drafter.stats()
+        stats["held"]["prompt_layouts"] = len(self.layouts.by_request)  # live requests only
+        stats["host_memory"] = dataclasses.asdict(self.host_memory.stats)
+        return {**stats, **self.drafting.describe()}
 
 
 def load_serving_draft(vllm_config, draft_dir: str, target_model: torch.nn.Module, device, dtype,
@@ -81,7 +127,10 @@ def load_serving_draft(vllm_config, draft_dir: str, target_model: torch.nn.Modul
         what["decode_steps"], cfg.anchor_tokens, cfg.window_tokens, max_seqs, drafter.cache.capacity,
         drafter.cache.nbytes / 2**20, backend.name, list(target.visual_token_ids),
     )
-    return ServingDraft(model, drafter, drafting, np.asarray(target.visual_token_ids, dtype=np.int64))
+    generator = torch.Generator(device=device)
+    generator.manual_seed(vllm_config.model_config.seed or 0)
+    return ServingDraft(model, drafter, drafting, PromptLayouts(np.asarray(target.visual_token_ids, dtype=np.int64)),
+                        generator, HostMemoryReturner(host_memory_interval()))
 
 
 def token_io(vllm_config, model: SparrowDraftModel, target_model: torch.nn.Module, draft_dir: str):

@@ -9,8 +9,7 @@ from typing import Iterator
 import torch
 
 from ..window import WindowBatch
-from .sampling import Sampled
-from .step import Committed, DraftCore, Drafts, Plain, Proposal, Sampler, StepBatch, greedy
+from .step import Committed, DraftCore, Drafts, Plain, Proposal, Sampler, greedy
 
 
 def chain_proposals(drafter: DraftCore, c: Committed, num_draft: int, sample: Sampler,
@@ -37,7 +36,7 @@ def stacked(c: Committed, proposals: list[Proposal], sample: Sampler = greedy) -
     ids = torch.where(c.drafting[:, None], torch.stack([p.ids for p in proposals], 1), 0)  # [B, K]
     conf = [p.confidence for p in proposals if p.confidence is not None]
     is_sampled = any(p.sampled for p in proposals)
-    kept = sample.kept(*ids.shape) if is_sampled and isinstance(sample, Sampled) else None  # [B, K, vocab] or None
+    kept = sample.kept(*ids.shape) if is_sampled else None  # [B, K, vocab] or None
     return Drafts(ids, is_sampled, kept, torch.stack(conf, 1) if conf else None)
 
 
@@ -48,11 +47,11 @@ class ChainDrafting(Plain):
     confidence: bool = False  # keep each drafted token's draft probability (adaptive length)
     name: str = "chain"
 
-    def step(self, drafter: DraftCore, batch: StepBatch, num_draft: int, sample: Sampler = greedy) -> Drafts:
-        return self.draft(drafter, drafter.commit(batch, num_draft), num_draft, sample)
-
     def draft(self, drafter: DraftCore, c: Committed, num_draft: int, sample: Sampler = greedy) -> Drafts:
         return stacked(c, list(chain_proposals(drafter, c, num_draft, sample, self.confidence)), sample)
+
+
+CHAIN = ChainDrafting()  # the plain chain (greedy or sampled): what tools and tests draft with
 
 
 def kept_drafts(drafts: Drafts, stop_confidence: float) -> list[list[int]]:
@@ -76,11 +75,8 @@ class StoppingChainDrafting(Plain):
     stop_confidence: float
     name: str = "chain, adaptive length"
 
-    def step(self, drafter: DraftCore, batch: StepBatch, num_draft: int, sample: Sampler = greedy) -> Drafts:
-        return self.draft(drafter, drafter.commit(batch, num_draft), num_draft, sample)
-
     def draft(self, drafter: DraftCore, c: Committed, num_draft: int, sample: Sampler = greedy) -> Drafts:
-        if sample is not greedy:
+        if not sample.is_greedy:
             return ChainDrafting(confidence=True).draft(drafter, c, num_draft, sample)
         proposals, cumulative = [], torch.ones(len(c.slots), device=c.slots.device)  # [B]
         for p in chain_proposals(drafter, c, num_draft, sample, confidence=True):

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from .. import LOGGER, envs
-from ..drafter import SparrowDrafter
 from .chain import ChainDrafting, StoppingChainDrafting
 from .graphs import DecodeGraphs, GraphDrafting, default_buckets
 from .sampling import Sampler, greedy
-from .step import DraftingStrategy
+from .step import DecodeCore, DraftingStrategy
 from .tree import TreeDrafting, TreeSpec
 
 logger = logging.getLogger(LOGGER)  # the logger vLLM's init_logger(LOGGER) returns
@@ -56,7 +55,7 @@ class DraftingChoice:
                    bool(getattr(spec, "enable_adaptive_verification", False)))
 
 
-def choose_drafting(drafter: SparrowDrafter, num_draft: int, choice: DraftingChoice,
+def choose_drafting(drafter: DecodeCore, num_draft: int, choice: DraftingChoice,
                     sample: Sampler = greedy) -> DraftingStrategy:
     """sample: the greedy sampler of the engine's decode steps (the one its CUDA graphs replay)."""
     if choice.tree is not None and not choice.confidences_read:

@@ -1,6 +1,6 @@
 """The decode draft step as one CUDA graph per batch bucket and depth (GraphDrafting, a drafting strategy: drafting/step.py).
 
-A decode step (every request decoding: SparrowDrafter.commit_rows, then k greedy chained
+A decode step (every request decoding: the drafter's commit_rows, then k greedy chained
 forwards) has fixed shapes for a batch size B, a depth k and L = K + 1 rows per request (K the
 deepest depth the engine may schedule: the rows verify the previous step's drafts, whatever
 depth those had), and reads nothing back to the host, so it is captured once per (bucket of
@@ -31,9 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafter import SparrowDrafter
 from .chain import ChainDrafting
-from .step import Drafts, Plain, Sampler, StepBatch, greedy
+from .step import DecodeCore, Drafts, Plain, Sampler, StepBatch, greedy
 
 
 _CHAIN = ChainDrafting()  # the greedy chain the graphs capture
@@ -47,7 +46,7 @@ def default_buckets(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, drafter: SparrowDrafter, num_draft: int, buckets: list[int], capture: bool,
+    def __init__(self, drafter: DecodeCore, num_draft: int, buckets: list[int], capture: bool,
                  depths: tuple[int, ...] = (), sample: Sampler = greedy) -> None:
         """num_draft: K, the deepest depth; depths: the others the engine may schedule (1..K);
         sample: the greedy sampler the graphs replay (one that also records each position's
@@ -62,7 +61,7 @@ class DecodeGraphs:
         self.sink = d.cache.num_slots
         long = dict(dtype=torch.long, device=dev)
         self.slots = torch.full((Bmax,), self.sink, **long)
-        self.hidden = torch.zeros(Bmax * L, d.pending.shape[1], dtype=d.pending.dtype, device=dev)
+        self.hidden = torch.zeros(Bmax * L, d.hidden_size, dtype=d.dtype, device=dev)
         self.tokens = torch.zeros(Bmax * L, **long)
         self.num_valid = torch.ones(Bmax, **long)  # >= 1 for padding too: it indexes row nv - 1
         self.seq_start = torch.zeros(Bmax, **long)
@@ -144,13 +143,14 @@ class GraphDrafting(Plain):
     fallback: ChainDrafting
     name: str = "chain in CUDA graphs"
 
-    def step(self, drafter: SparrowDrafter, batch: StepBatch, num_draft: int, sample: Sampler = greedy) -> Drafts:
+    @torch.inference_mode()
+    def step(self, drafter: DecodeCore, batch: StepBatch, num_draft: int, sample: Sampler = greedy) -> Drafts:
         g = self.graphs
         if sample is g.sample and g.covers(batch, num_draft):
             return Drafts(g.run(batch, drafter.slots_for(batch.req_ids), depth=num_draft))
         return self.fallback.step(drafter, batch, num_draft, sample)
 
-    def draft(self, drafter: SparrowDrafter, committed, num_draft: int, sample: Sampler = greedy) -> Drafts:
+    def draft(self, drafter: DecodeCore, committed, num_draft: int, sample: Sampler = greedy) -> Drafts:
         return self.fallback.draft(drafter, committed, num_draft, sample)
 
     def capture(self) -> None:

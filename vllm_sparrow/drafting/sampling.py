@@ -1,25 +1,28 @@
-"""How a draft token is chosen at each chained position, and where a sampled draft's distribution
-is kept for vLLM's rejection sampler.
+"""How a draft token is chosen at each chained position, and the interface of the store a sampled
+draft's distribution is kept in for vLLM's rejection sampler.
 
     greedy    the argmax: a point-mass draft, which vLLM verifies exactly at any temperature
     Sampled   drawn from q_b = softmax(logits_b / T_b) per request (a greedy request, T_b below
               GREEDY_TEMPERATURE, drafts its argmax); q goes to a store, position by position
+A sampler says itself whether it is greedy (`is_greedy`) and where its step's q is kept (`kept`).
 
 A sampled draft is lossless only if the rejection sampler is told the very q it was drawn from,
 and q is a [vocab] row per drafted token: at vLLM's GPU defaults (1,024 requests, K = 8, a
 152,064-token vocabulary) a [B, K, vocab] float32 tensor is 5 GB. So q is never stacked here:
 each position's q is made inside the storage vLLM reads, and the token is drawn from that.
 
-    QBuffer    vLLM 0.32/0.33 (Model Runner V1): the runner takes q as [B, K, vocab] float32 after
+Each runner's store lives with its glue:
+    QBuffer    the V1 runner (v1_runner/q_buffer.py): the runner takes q as [B, K, vocab] float32 after
                propose() (take_last_draft_probs). One buffer [max_requests, K, vocab] allocated
                once, when the draft loads (so vLLM's memory profile counts it, unlike vLLM's own
                EAGLE, whose stacked probabilities are made per step outside the profile); each
                position's q is computed in place in its [B, vocab] slice.
-    LogitRows  vLLM 0.34 (Model Runner V2): the runner keeps pre-temperature draft logits in its
+    LogitRows  Model Runner V2 (v2_runner/draft_logits.py): the runner keeps pre-temperature draft logits in its
                own cache [max_num_reqs, K, vocab] in the LM head's dtype (vLLM's allocation) and
                verifies with softmax(stored / T). The logits are rounded into the request's row
                first and the token is drawn from softmax(rounded / T): with a bf16 head, q from the
                unrounded logits would differ from the verifier's by up to ~1% per token.
+HeldQ, here, keeps q in a tensor of its own (tests and tools, where no runner reads it).
 A step's transient memory is a few [B, vocab] rows (the logits, their float copy, the race's
 noise), which the drafter's profile_step runs at the engine's largest batch.
 """
@@ -34,13 +37,30 @@ GREEDY_TEMPERATURE = 1e-5  # vLLM's threshold: a request at a lower temperature 
 
 
 class Sampler(Protocol):
+    is_greedy: bool  # every draft is the argmax (a point mass): no q is kept
+
     def __call__(self, logits: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """logits [B, Vd] of chained position `position` -> (token columns [B], q [B, Vd] float32
         the columns were drawn from, or None: a deterministic draft)."""
 
+    def kept(self, batch: int, num_draft: int) -> torch.Tensor | None:
+        """The step's q [B, K, vocab] where the runner reads it as one tensor (the V1 runner's
+        QBuffer: a view), else None (kept elsewhere, or none)."""
 
-def greedy(logits: torch.Tensor, position: int = 0) -> tuple[torch.Tensor, None]:
-    return logits.argmax(dim=-1), None
+
+class Greedy:
+    """The argmax at every position (`greedy`, the one instance)."""
+
+    is_greedy = True
+
+    def __call__(self, logits: torch.Tensor, position: int = 0) -> tuple[torch.Tensor, None]:
+        return logits.argmax(dim=-1), None
+
+    def kept(self, batch: int, num_draft: int) -> None:
+        return None
+
+
+greedy = Greedy()
 
 
 class QStore(Protocol):
@@ -51,10 +71,15 @@ class QStore(Protocol):
         """Record position `position`'s draft distribution of logits [B, Vd] (draft columns) at
         temperature [B] and return q [B, Vd] float32: exactly what the verifier will read."""
 
+    def kept(self, batch: int, num_draft: int) -> torch.Tensor | None:
+        """The step's q [B, K, vocab] as one tensor (a view), or None where the runner keeps it."""
+
 
 class Sampled:
     """The sampled draft: row b drawn from q_b, which `store` keeps for vLLM's rejection sampler.
     temperature: [>= B] per request (batch order)."""
+
+    is_greedy = False
 
     def __init__(self, temperature: torch.Tensor, generator: torch.Generator, store: QStore) -> None:
         self.temperature, self.generator, self.store = temperature, generator, store
@@ -72,13 +97,12 @@ class Sampled:
         return ids, q
 
     def kept(self, batch: int, num_draft: int) -> torch.Tensor | None:
-        """The step's q [B, K, vocab] where the store is a QBuffer (a view), else None (kept elsewhere)."""
-        return self.store.view(batch, num_draft) if isinstance(self.store, QBuffer) else None
+        return self.store.kept(batch, num_draft)
 
 
 def sampled(temperature: torch.Tensor, generator: torch.Generator, store: QStore | None = None) -> Sampled:
-    """A Sampled draft; without a store, q is kept in a QBuffer made for this batch (tests)."""
-    return Sampled(temperature, generator, store if store is not None else GrowingQBuffer())
+    """A Sampled draft; without a store, q is kept in a HeldQ (tests and tools)."""
+    return Sampled(temperature, generator, store if store is not None else HeldQ())
 
 
 def one_hot_rows(q: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> None:
@@ -93,64 +117,21 @@ def softmax_(x: torch.Tensor) -> torch.Tensor:
     return x.sub_(x.amax(-1, keepdim=True)).exp_().div_(x.sum(-1, keepdim=True))
 
 
-class QBuffer:
-    """q of every sampled draft of a step, as vLLM's V1 runner takes it: [max_requests, K, vocab]
-    float32, allocated once. Columns outside a reduced draft vocabulary (`columns`: draft column
-    -> token id) stay zero: q = 0 there, which rejection sampling handles like any q."""
-
-    def __init__(self, max_requests: int, num_draft: int, vocab_size: int, device, columns=None) -> None:
-        self.q = torch.zeros(max_requests, num_draft, vocab_size, dtype=torch.float32, device=device)
-        self.columns = columns  # [Vd] or None (full vocabulary)
-
-    @staticmethod
-    def bytes_needed(max_requests: int, num_draft: int, vocab_size: int) -> int:
-        return 4 * max_requests * num_draft * vocab_size
-
-    def distribution(self, logits, temperature, is_greedy, position):
-        B = logits.shape[0]
-        if self.columns is None:  # computed in place in the step's slice
-            if logits.shape[-1] != self.q.shape[-1]:
-                raise ValueError(f"draft logits have {logits.shape[-1]} columns, the q buffer {self.q.shape[-1]}: "
-                                 "size it by the vocabulary the draft's LM head produces")
-            q = self.q[:B, position]  # [B, vocab] a view
-            q.copy_(logits)
-            return softmax_(q.div_(temperature[:, None]))
-        q = softmax_(logits.to(torch.float32, copy=True).div_(temperature[:, None]))  # [B, Vd]
-        self.q[:B, position].index_copy_(1, self.columns, q)
-        return q
-
-    def view(self, batch: int, num_draft: int) -> torch.Tensor:
-        """[B, K, vocab]: the step's q for the runner (a view: no copy)."""
-        return self.q[:batch, :num_draft]
-
-
-class GrowingQBuffer(QBuffer):
-    """A QBuffer sized by the first step it sees (tests and tools, where no engine sizes it)."""
+class HeldQ:
+    """A store of its own: each position's q [B, Vd] float32 (draft columns) kept in a [B, K, Vd]
+    tensor sized by the first step it sees (tests and tools, where no runner reads q)."""
 
     def __init__(self, num_draft: int = 16) -> None:
-        self.q, self.columns, self.num_draft = None, None, num_draft
+        self.q: torch.Tensor | None = None  # [B, K, Vd]
+        self.num_draft = num_draft
 
     def distribution(self, logits, temperature, is_greedy, position):
         B, V = logits.shape
         if self.q is None or self.q.shape[0] < B or self.q.shape[2] != V:
             self.q = torch.zeros(B, self.num_draft, V, dtype=torch.float32, device=logits.device)
-        return super().distribution(logits, temperature, is_greedy, position)
+        q = self.q[:B, position]  # [B, Vd] a view
+        q.copy_(logits)
+        return softmax_(q.div_(temperature[:, None]))
 
-
-class LogitRows:
-    """vLLM 0.34's draft-logits cache as the store: values [rows, K, vocab] in the head's dtype,
-    pre-temperature; `rows` [>= B] the requests' rows in batch order (their request-state slots),
-    `columns` a reduced vocabulary's token ids (the other columns are written -inf: q = 0 there)."""
-
-    def __init__(self, values: torch.Tensor, rows: torch.Tensor, columns=None) -> None:
-        self.values, self.rows, self.columns = values, rows, columns
-
-    def distribution(self, logits, temperature, is_greedy, position):
-        stored = logits.to(self.values.dtype)  # [B, Vd] the values the verifier will read
-        rows = self.rows[: stored.shape[0]]  # [B]
-        if self.columns is None:
-            self.values[rows, position] = stored
-        else:
-            full = stored.new_full((stored.shape[0], self.values.shape[-1]), float("-inf"))
-            self.values[rows, position] = full.index_copy_(1, self.columns, stored)
-        return softmax_(stored.to(torch.float32, copy=True).div_(temperature[:, None]))  # the caller's logits untouched
+    def kept(self, batch: int, num_draft: int) -> torch.Tensor:
+        return self.q[:batch, :num_draft]

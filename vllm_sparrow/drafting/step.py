@@ -1,12 +1,14 @@
 """One draft step as named stages, and the interface every drafting strategy drafts through.
 
-    StepBatch ── SparrowDrafter.commit ──> Committed ── strategy.draft ──> Drafts
+    StepBatch ── strategy.step(drafter, ...) ── drafter.commit ──> Committed ── strategy.draft ──> Drafts
 
-A runner's glue (v1_runner/, v2_runner/) turns its runner's step into a StepBatch; the drafter
-(drafter.py) owns the request slots and the text-window cache and commits each step's target
-states; a drafting strategy (the peers of this folder, chosen once by choice.py) drafts K tokens
-per request from what the commit left. What a strategy may use of the drafter is DraftCore, the
-public surface SparrowDrafter implements; what a glue may ask of a strategy is DraftingStrategy.
+A runner's glue (v1_runner/, v2_runner/) turns its runner's step into a StepBatch and hands it,
+with the drafter, to the drafting strategy chosen once (the peers of this folder, choice.py); the
+drafter (drafter.py) owns the request slots and the text-window cache and commits each step's
+target states; the strategy drafts K tokens per request from what the commit left. The strategies
+sit above the drafter and import nothing of it: what a strategy may use of the drafter is
+DraftCore (and DecodeCore, the decode graphs'), the public surface SparrowDrafter implements;
+what a glue may ask of a strategy is DraftingStrategy.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import torch
 from ..window import TextWindowCache, WindowBatch
 from .sampling import Sampler, greedy
 
-__all__ = ["Attention", "Committed", "DraftCore", "Drafts", "DraftingStrategy", "Plain", "Proposal", "Sampler",
-           "StepBatch", "greedy"]
+__all__ = ["Attention", "Committed", "DecodeCore", "DraftCore", "Drafts", "DraftingStrategy", "Plain", "Proposal",
+           "Sampler", "StepBatch", "greedy"]
 
 
 @dataclass
@@ -138,6 +140,21 @@ class DraftCore(Protocol):
 
     def slots_for(self, req_ids: Sequence[str]) -> list[int]: ...
 
+
+class DecodeCore(DraftCore, Protocol):
+    """What the decode step's CUDA graphs (graphs.py) use of the drafter besides DraftCore: the
+    fixed [B, L] commit of a decode step on static buffers."""
+
+    device: torch.device
+    dtype: torch.dtype  # of the draft's states
+    hidden_size: int
+
+    def decode_indices(self, batch: StepBatch, slot_list: list[int], L: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """([B] slots, [T] destination row b * L + u of each of the batch's rows)."""
+
+    def commit_rows(self, slots: torch.Tensor, hid: torch.Tensor, tok: torch.Tensor, nv: torch.Tensor,
+                    seq_start: torch.Tensor, next_token: torch.Tensor, rows: int | None = None) -> Committed: ...
+
 class DraftingStrategy(Protocol):
     """A drafting peer. Each answers for itself what a glue needs to know of it, so a glue never
     asks which peer it holds."""
@@ -145,7 +162,8 @@ class DraftingStrategy(Protocol):
     name: str
 
     def step(self, drafter: DraftCore, batch: StepBatch, num_draft: int, sample: Sampler) -> Drafts:
-        """Commit the batch's target states and draft num_draft tokens per request."""
+        """Commit the batch's target states and draft num_draft tokens per request (in inference
+        mode: what a glue calls each engine step)."""
 
     def draft(self, drafter: DraftCore, committed: Committed, num_draft: int, sample: Sampler) -> Drafts:
         """Draft num_draft tokens per request from a commit (what step() does after committing;
@@ -164,7 +182,12 @@ class DraftingStrategy(Protocol):
 
 
 class Plain:
-    """The answers of a strategy without per-request lengths or graphs (a base of the peers)."""
+    """The answers of a strategy without per-request lengths or graphs (a base of the peers), and
+    the step they share: commit, then draft."""
+
+    @torch.inference_mode()
+    def step(self, drafter: DraftCore, batch: StepBatch, num_draft: int, sample: Sampler = greedy) -> Drafts:
+        return self.draft(drafter, drafter.commit(batch, num_draft), num_draft, sample)
 
     def per_request(self, drafts: Drafts) -> list[list[int]] | None:
         return None

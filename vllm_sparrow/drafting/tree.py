@@ -33,7 +33,7 @@ from vllm_sparrow_kernels.window_attention_ref import key_visible, ring_stored_i
 
 from ..window import WindowBatch
 from .chain import ChainDrafting, kept_drafts
-from .step import Committed, DraftCore, Drafts, Plain, Sampler, StepBatch, greedy
+from .step import Committed, DraftCore, Drafts, Plain, Sampler, greedy
 
 
 @dataclass(frozen=True)
@@ -56,12 +56,9 @@ class TreeDrafting(Plain):
     stop_confidence: float | None = None  # adaptive length's threshold: keep each token's confidence, cut there
     name: str = "tree search"
 
-    def step(self, drafter: DraftCore, batch: StepBatch, num_draft: int, sample: Sampler = greedy) -> Drafts:
-        return self.draft(drafter, drafter.commit(batch, num_draft), num_draft, sample)
-
     def draft(self, drafter: DraftCore, c: Committed, num_draft: int, sample: Sampler = greedy) -> Drafts:
         confidence = self.stop_confidence is not None
-        if sample is not greedy:
+        if not sample.is_greedy:
             return ChainDrafting(confidence).draft(drafter, c, num_draft, sample)
         ids, conf = search_chain(drafter, self.spec, c, num_draft)
         return Drafts(ids, confidence=conf if confidence else None)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..attention import select_backend
-from ..drafting.chain import ChainDrafting
+from ..drafting.chain import CHAIN, ChainDrafting
 from ..drafting.graphs import DecodeGraphs, GraphDrafting, default_buckets
 from ..drafting.step import greedy
 from .shapes import CheckShapes
@@ -56,9 +56,9 @@ def lockstep(s: CheckShapes, device: torch.device, dtype: torch.dtype, capture: 
         batch = reqs.step(rids)
         if batch.decode_only:
             decode_sizes.add(len(rids))
-        ids = {"eager": eager.step(batch, s.k).ids}
+        ids = {"eager": CHAIN.step(eager, batch, s.k).ids}
         for name, (drafter, drafting) in paths.items():
-            ids[name] = drafter.step(batch, s.k, greedy, drafting).ids
+            ids[name] = drafting.step(drafter, batch, s.k, greedy).ids
         for pair in differs:
             a, b = pair.split("_vs_")
             if a in ids and b in ids and not torch.equal(ids[a], ids[b]):

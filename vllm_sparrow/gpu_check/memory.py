@@ -23,7 +23,8 @@ import torch
 from ..attention import select_backend
 from ..drafting.chain import ChainDrafting
 from ..drafting.graphs import DecodeGraphs, GraphDrafting, default_buckets
-from ..drafting.sampling import QBuffer, Sampled, greedy
+from ..drafting.sampling import Sampled, greedy
+from ..v1_runner.q_buffer import QBuffer
 from ..drafting.tree import TreeDrafting, TreeSpec
 from ..window import TextWindowCache, WindowSpec
 from .meter import Meter, mib
@@ -91,13 +92,13 @@ def bound_step(s: CheckShapes, engine: Engine, meter: Meter, decodes: int) -> di
     for rid in rids:
         reqs.join(rid, 8)
     sample = engine.sampler(0.7)
-    drafter.step(reqs.step(rids), K, sample, engine.drafting)  # their prompts
-    drafter.step(reqs.step(rids, accept_all=True), K, sample, engine.drafting)  # now they verify K drafts each
+    engine.drafting.step(drafter, reqs.step(rids), K, sample)  # their prompts
+    engine.drafting.step(drafter, reqs.step(rids, accept_all=True), K, sample)  # now they verify K drafts each
     joining = ["chunk"] if chunk > 0 else []
     if joining:
         reqs.join("chunk", chunk, chunk)
     batch = reqs.step(rids + joining, accept_all=True)
     with meter.measure() as step:
-        drafter.step(batch, K, sample, engine.drafting)
+        engine.drafting.step(drafter, batch, K, sample)
     drafter.release(rids + joining)
     return {"decodes": decodes, "chunk_rows": chunk, "decode_only": batch.decode_only, "peak_mib": mib(step.peak)}

@@ -22,7 +22,9 @@ import torch
 from ..attention import select_backend
 from ..draft_vocab import SubsetLogits
 from ..drafting.chain import ChainDrafting, StoppingChainDrafting, kept_drafts
-from ..drafting.sampling import LogitRows, QBuffer, Sampled, greedy
+from ..drafting.sampling import Sampled, greedy
+from ..v1_runner.q_buffer import QBuffer
+from ..v2_runner.draft_logits import LogitRows
 from ..drafting.tree import TreeDrafting, TreeSpec
 from ..model import TargetTokenIO
 from .shapes import CheckShapes
@@ -57,7 +59,7 @@ def _drafts(s: CheckShapes, model, io, device, drafting=None, sample=greedy, ste
     out, made = [], []
     for i in range(steps):
         batch = batches[i] if batches is not None else reqs.step(rids)
-        d = drafter.step(batch, s.k, sample, drafting or ChainDrafting())
+        d = (drafting or ChainDrafting()).step(drafter, batch, s.k, sample)
         if d.probs is not None:
             d.probs = d.probs.clone()  # a view of the q buffer, which the next step overwrites
         if batches is None:

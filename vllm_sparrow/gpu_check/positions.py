@@ -24,6 +24,7 @@ from ..drafting.step import StepBatch
 from ..model import SparrowDraftModel
 from .shapes import CheckShapes
 from .workload import RandomTokenIO, make_drafter, random_draft, visual_token
+from ..drafting.chain import CHAIN
 
 CHUNK = 8192  # prefill rows per step
 PROMPTS = {"video": (8, 66_000, 6), "text32k": (32_760, 0, 0), "text64k": (65_530, 0, 0)}  # text, visual, text
@@ -94,7 +95,7 @@ def run(s: CheckShapes, device: torch.device) -> dict:
             seen.append(logits.float().clone())
             return logits.argmax(-1), None
 
-        ids = drafter.step(batch, s.k, sampler).ids.tolist()
+        ids = CHAIN.step(drafter, batch, s.k, sampler).ids.tolist()
         for b, (rid, r) in enumerate(reqs.items()):
             if mids[b]:
                 continue

@@ -82,7 +82,7 @@ def replayed_chains(draft, target, sample, k: int, drafting=None) -> Iterator[tu
     while c < m - 1:  # a response token is still to come
         batch = StepBatch.from_lists(["r"], tokens[lo:c], hidden[lo:c], [0], [c - lo], [lo], [p],
                                      tokens[c : c + 1], [False])
-        drafts = drafter.step(batch, k, drafting=drafting or ChainDrafting())
+        drafts = (drafting or ChainDrafting()).step(drafter, batch, k)
         accepted = _verify(AcceptanceEstimate(0, 0, [0] * k), drafts.ids[0].tolist(), tokens, greedy, c)
         yield drafts, accepted, min(k, m - 1 - c)
         lo, c = c, c + accepted + 1  # verify step rows: the last verified token + accepted drafts

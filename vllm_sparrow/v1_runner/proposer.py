@@ -12,18 +12,16 @@ overrides, are rows of vllm_reads.py, checked at start-up.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import torch
 from vllm.v1.spec_decode.eagle import EagleProposer
 
 from ..drafter import SparrowDrafter
-from ..drafting.sampling import QBuffer, Sampled, Sampler, greedy
-from ..drafting.step import DraftingStrategy, StepBatch
-from ..host_memory import HostMemoryReturner
+from ..drafting.sampling import Sampler, greedy
+from ..drafting.step import StepBatch
 from ..patch_helper import APPLIED
-from ..serving_draft import host_memory_interval, load_serving_draft, logger
+from ..serving_draft import ServingDraft, load_serving_draft, logger
+from .q_buffer import QBuffer
 
 
 class SparrowProposer(EagleProposer):
@@ -32,12 +30,8 @@ class SparrowProposer(EagleProposer):
         self.runner = runner
         # Visual embeddings never reach the draft (the runner then skips gathering them).
         self.supports_mm_inputs = False
-        # (`drafter` is what vLLM's runner calls this proposer; the Sparrow drafter is ours.)
-        self.sparrow_drafter: SparrowDrafter | None = None
-        self.drafting: DraftingStrategy | None = None
-        self.draft_generator = torch.Generator(device=device)
-        self.draft_generator.manual_seed(vllm_config.model_config.seed or 0)
-        self.host_memory = HostMemoryReturner(host_memory_interval())
+        # (`drafter` is what vLLM's runner calls this proposer; the Sparrow draft it serves is ours.)
+        self.served: ServingDraft | None = None
 
     # ---- set-up called by the runner ----------------------------------------------
     def load_model(self, target_model: torch.nn.Module) -> None:
@@ -45,10 +39,7 @@ class SparrowProposer(EagleProposer):
                                     self.dtype, self.num_speculative_tokens, self.max_model_len,
                                     glue=f"V1 runner glue, {len(APPLIED)} vLLM patches applied: {', '.join(APPLIED)}")
         # Kept off `self.model`: the runner wraps a drafter's `.model` in CUDA-graph wrappers.
-        self.sparrow_model = served.model
-        self.sparrow_drafter, self.drafting = served.drafter, served.drafting
-        self._visual_ids = served.visual_ids
-        self._visual_count: dict[str, int] = {}  # request id -> visual placeholders in its prompt
+        self.served = served
         self.q_buffer = self._q_buffer()
 
     def _q_buffer(self) -> QBuffer | None:
@@ -63,7 +54,7 @@ class SparrowProposer(EagleProposer):
                     "([%d, %d, %d] float32: max_num_seqs x draft tokens x vocabulary), allocated before vLLM "
                     "profiles memory; greedy drafts (the default) need none and are exact at any temperature",
                     size / 2**30, seqs, self.num_speculative_tokens, vocab)
-        return QBuffer(seqs, self.num_speculative_tokens, vocab, self.device, self.sparrow_drafter.vocab_ids)
+        return QBuffer(seqs, self.num_speculative_tokens, vocab, self.device, self.served.drafter.vocab_ids)
 
     def initialize_attn_backend(self, kv_cache_config, kernel_block_sizes=None) -> None:
         # No vLLM attention layers and no vLLM KV cache for the draft. Group 0's metadata
@@ -82,35 +73,24 @@ class SparrowProposer(EagleProposer):
         # vLLM profiles memory (serving_draft.py); at vLLM's graph capture nothing is left to do.
         # Otherwise (vLLM's memory profile among them) the largest step of num_tokens rows runs,
         # drafted as the engine drafts, so the draft's activations are in the peak vLLM budgets for.
-        if self.sparrow_drafter is None or is_graph_capturing:
+        if self.served is None or is_graph_capturing:
             return
         max_seqs = self.vllm_config.scheduler_config.max_num_seqs
-        sample = greedy if self.q_buffer is None else Sampled(
-            torch.ones(max_seqs, device=self.device), self.draft_generator, self.q_buffer)  # every request sampled
-        rows = self.sparrow_drafter.profile_step(num_tokens, max_seqs, self.num_speculative_tokens, self.drafting,
-                                                 sample)
+        rows = self.served.profile(num_tokens, max_seqs, self.num_speculative_tokens, self.q_buffer)
         self.profiled_rows = max(getattr(self, "profiled_rows", 0), rows)
 
     def release_requests(self, req_ids) -> None:
-        if self.sparrow_drafter is not None:
-            self.sparrow_drafter.release(req_ids)
-        for r in req_ids:
-            self._visual_count.pop(r, None)
-        self.host_memory.maybe_release()  # the ended requests' step temporaries are free now
+        if self.served is not None:
+            self.served.release(req_ids)
 
     @property
     def sparrow_core(self) -> SparrowDrafter:
         """The drafter this proposer drafts with (measurement tools: engine_stats.py)."""
-        return self.sparrow_drafter
+        return self.served.drafter
 
     def sparrow_stats(self) -> dict:
-        """The drafter's accounting (SparrowDrafter.stats, with what this proposer holds per
-        request beside it in "held") and the drafting strategy as it describes itself (its name
-        and, for tree search, [topk, budget]; engine_stats.drafter_stats reads it)."""
-        stats = self.sparrow_drafter.stats()
-        stats["held"]["visual_counts"] = len(self._visual_count)  # live requests only: freed at release
-        stats["host_memory"] = dataclasses.asdict(self.host_memory.stats)
-        return {**stats, **self.drafting.describe()}
+        """The served draft's accounting (ServingDraft.stats; engine_stats.drafter_stats reads it)."""
+        return self.served.stats()
 
     # ---- one step ------------------------------------------------------------------
     def propose(
@@ -127,18 +107,16 @@ class SparrowProposer(EagleProposer):
         num_rejected_tokens_gpu: torch.Tensor | None = None,  # [batch], padded-batch mode
         slot_mappings=None,
     ) -> torch.Tensor:  # [batch, num_speculative_tokens]
-        assert self.sparrow_drafter is not None, "load_model() was not called"
+        assert self.served is not None, "load_model() was not called"
         batch = self._step_batch(
             target_token_ids, target_hidden_states, next_token_ids,
             common_attn_metadata, num_rejected_tokens_gpu,
         )
-        drafts = self.sparrow_drafter.step(
-            batch, num_speculative_tokens, self._sampler(sampling_metadata), self.drafting
-        )
+        drafts = self.served.step(batch, num_speculative_tokens, self._sampler(sampling_metadata))
         self._last_draft_probs = drafts.probs  # a view of q_buffer (sampled steps), else None
         # Adaptive length: vLLM's scheduler schedules exactly each request's kept drafts to verify
         # (read back to the host, as vLLM's non-async path does anyway).
-        kept = self.drafting.per_request(drafts)
+        kept = self.served.drafting.per_request(drafts)
         return drafts.ids if kept is None else kept
 
     def _step_batch(self, token_ids, hidden, next_token_ids, cm, num_rejected) -> StepBatch:
@@ -149,50 +127,35 @@ class SparrowProposer(EagleProposer):
         query_lens = qsl[1:] - qsl[:-1]  # [B]
         num_valid = query_lens - num_rejected[:n] if num_rejected is not None else query_lens
         batch = self.runner.input_batch
-        prompt_lens = torch.from_numpy(batch.num_prompt_tokens[:n].astype(np.int64))
+        req_ids = list(batch.req_ids[:n])
+        prompt = batch.num_prompt_tokens[:n].astype(np.int64)  # [B] host
+        layouts = self.served.layouts
+        for i, r in enumerate(req_ids):  # a request new to the glue: its prompt's layout, once
+            if r not in layouts.by_request:
+                layouts.record(r, int(prompt[i]), batch.token_ids_cpu[i])
         # Tokens computed before this step (exact while any prompt remains: only draft tokens make
         # the runner's count optimistic), so >= prompt length means no row of the step is a prompt
         # position: every request decodes, and the drafter takes its fixed-shape path.
-        computed, prompt = batch.num_computed_tokens_cpu[:n], batch.num_prompt_tokens[:n]
+        computed = batch.num_computed_tokens_cpu[:n].astype(np.int64)
         decoding = bool((computed >= prompt).all())
         query_start = cm.query_start_loc_cpu[: n + 1].numpy().astype(np.int64)
+        qlen = np.diff(query_start)
         return StepBatch(
-            req_ids=list(batch.req_ids[:n]),
+            req_ids=req_ids,
             token_ids=token_ids.long(),
             hidden=hidden,
             query_start=query_start,
             num_valid=num_valid.long(),
             seq_start=(cm.seq_lens[:n] - query_lens).long(),
-            num_prompt_tokens=self.sparrow_drafter.to_device(prompt_lens),
+            num_prompt_tokens=self.served.drafter.to_device(torch.from_numpy(prompt)),
             next_token=next_token_ids[:n].long(),
             mid_prefill=self.runner.discard_request_mask.gpu[:n],
             decode_only=decoding,
-            text_bound=computed + np.diff(query_start) - self._visual_counts(batch, n),
-            text_rows=None if decoding else self._text_rows(batch, n, np.diff(query_start)),
+            text_bound=layouts.text_bound(req_ids, computed + qlen, prompt),
+            text_rows=None if decoding else layouts.text_rows(req_ids, computed, qlen, prompt),
         )
-
-    def _text_rows(self, batch, n: int, qlen: np.ndarray) -> np.ndarray:
-        """[B] rows of this step less the visual placeholders among them, from the runner's host
-        copy of the tokens: sizes the packed layout of a step with prompt chunks (a video chunk's
-        placeholders take no draft rows). Decode rows are all text."""
-        rows = qlen.copy()
-        computed, prompt = batch.num_computed_tokens_cpu[:n], batch.num_prompt_tokens[:n]
-        for i in np.flatnonzero(computed < prompt):
-            lo, hi = int(computed[i]), int(min(computed[i] + qlen[i], prompt[i]))
-            rows[i] -= int(np.isin(batch.token_ids_cpu[i, lo:hi], self._visual_ids).sum())
-        return rows
-
-    def _visual_counts(self, batch, n: int) -> np.ndarray:
-        """[B] visual placeholders in each request's prompt, counted once per request from the
-        runner's host copy of its tokens."""
-        counts = self._visual_count
-        for i, r in enumerate(batch.req_ids[:n]):
-            if r not in counts:
-                prompt = batch.token_ids_cpu[i, : batch.num_prompt_tokens[i]]
-                counts[r] = int(np.isin(prompt, self._visual_ids).sum())
-        return np.fromiter((counts[r] for r in batch.req_ids[:n]), dtype=np.int64, count=n)
 
     def _sampler(self, md) -> Sampler:
         if self.q_buffer is None or md.all_greedy:
             return greedy
-        return Sampled(md.temperature, self.draft_generator, self.q_buffer)
+        return self.served.sampled(md.temperature, self.q_buffer)

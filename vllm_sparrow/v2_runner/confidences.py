@@ -44,6 +44,7 @@ class ConfidenceRecorder:
         temperature [max_num_reqs] by slot; confidences [max_num_reqs, K] by batch row."""
         self.estimator, self.slots, self.temperature, self.confidences = estimator, slots, temperature, confidences
         self.inner = inner
+        self.is_greedy = inner.is_greedy  # it chooses nothing itself
         # [K] the position of each chained forward, as the 0-dim tensor the estimator reads
         self.positions = torch.arange(confidences.shape[1], dtype=torch.int64, device=confidences.device)
 
@@ -55,6 +56,9 @@ class ConfidenceRecorder:
         n = logits.shape[0]  # [B, Vd] batch rows (a graph bucket's padding included)
         self.estimator.predict(logits, self.slots[:n], self.positions[position], self.confidences, self.temperature)
         return self.inner(logits, position)
+
+    def kept(self, batch: int, num_draft: int):
+        return self.inner.kept(batch, num_draft)
 
 
 def start_from_draft_probabilities(estimator) -> None:

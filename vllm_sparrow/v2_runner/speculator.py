@@ -21,7 +21,7 @@ Lifecycle, as the runner drives it:
 Sampled requests draft from q = softmax(draft logits / T) when vLLM keeps draft logits for
 probabilistic verification (draft_sample_method "probabilistic"): the draft logits are rounded into
 the runner's DraftLogitsCache row of the request first and the token is drawn from softmax(stored /
-T), the q the rejection sampler recomputes (drafting/sampling.py, LogitRows); otherwise drafts are
+T), the q the rejection sampler recomputes (draft_logits.py, LogitRows); otherwise drafts are
 greedy and verified one-hot, which is exact too. With adaptive verification
 (`enable_adaptive_verification`), every drafted position's confidence is written for the runner's
 budget (confidences.py). What the glue relies on in vLLM is declared in vllm_reads.py, checked
@@ -30,18 +30,16 @@ before the method registers.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from vllm.v1.worker.gpu.spec_decode.acceptance_estimator import OnlineAcceptanceEstimator
 from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
 
 from .. import envs
-from ..drafting.sampling import LogitRows, Sampled, greedy
-from ..host_memory import HostMemoryReturner
-from ..serving_draft import ServingDraft, host_memory_interval, load_serving_draft
+from ..drafting.sampling import greedy
+from ..serving_draft import ServingDraft, load_serving_draft
 from .confidences import ConfidenceRecorder, start_from_draft_probabilities
-from .step_inputs import PromptLayouts, step_batch
+from .draft_logits import LogitRows
+from .step_inputs import step_batch
 
 
 class SparrowSpeculator(DraftModelSpeculator):
@@ -52,12 +50,7 @@ class SparrowSpeculator(DraftModelSpeculator):
                                "(vLLM 0.34 passes them to a speculator whose constructor takes req_states)")
         self.req_states = req_states
         self.options = envs.parse_options(self.speculative_config.speculator_options)
-        with envs.engine_options(self.options):
-            self.host_memory = HostMemoryReturner(host_memory_interval())
         self.served: ServingDraft | None = None
-        self.layouts: PromptLayouts | None = None
-        self.draft_generator = torch.Generator(device=device)
-        self.draft_generator.manual_seed(vllm_config.model_config.seed or 0)
         self._watch_new_requests(req_states)
 
     def _watch_new_requests(self, req_states) -> None:
@@ -67,8 +60,8 @@ class SparrowSpeculator(DraftModelSpeculator):
 
         def add_request(req_id, prompt_len, all_token_ids, num_computed_tokens, max_tokens):
             add(req_id, prompt_len, all_token_ids, num_computed_tokens, max_tokens)
-            if self.layouts is not None:
-                self.layouts.record(req_id, prompt_len, all_token_ids)
+            if self.served is not None:
+                self.served.layouts.record(req_id, prompt_len, all_token_ids)
 
         req_states.add_request = add_request
 
@@ -81,7 +74,6 @@ class SparrowSpeculator(DraftModelSpeculator):
                                              self.device, self.dtype, self.num_speculative_steps,
                                              self.max_model_len, per_request_lengths=False, sample=self.greedy,
                                              glue=self._glue_line())
-        self.layouts = PromptLayouts(self.served.visual_ids)
         return self.served.model
 
     def _glue_line(self) -> str:
@@ -120,13 +112,8 @@ class SparrowSpeculator(DraftModelSpeculator):
         return self.served.drafter
 
     def sparrow_stats(self) -> dict:
-        """The drafter's accounting (SparrowDrafter.stats, with the prompt layouts this glue holds
-        beside it in "held") and the drafting strategy as it describes itself, as the V1 proposer
-        reports them (engine_stats.drafter_stats reads it)."""
-        stats = self.served.drafter.stats()
-        stats["held"]["prompt_layouts"] = len(self.layouts.by_request)  # live requests only
-        stats["host_memory"] = dataclasses.asdict(self.host_memory.stats)
-        return {**stats, **self.served.drafting.describe()}
+        """The served draft's accounting (ServingDraft.stats; engine_stats.drafter_stats reads it)."""
+        return self.served.stats()
 
     # ---- requests ---------------------------------------------------------------------------------
     def add_request(self, req_index: int) -> None:  # req_index: the newcomer's slot (its layout is recorded)
@@ -134,21 +121,16 @@ class SparrowSpeculator(DraftModelSpeculator):
         # slot back before the newcomer takes one. One back already (resumed, or its input streamed
         # in) keeps its slot: its rows restart at an earlier position, which the drafter takes as
         # a restart of its text stream (drafter.py, `fresh`).
-        drafter, live = self.served.drafter, self.req_states.req_id_to_index
-        gone = [r for r in drafter.tracked() if r not in live]
+        live = self.req_states.req_id_to_index
+        gone = [r for r in self.served.drafter.tracked() if r not in live]
         if gone:
-            drafter.release(gone)
-            self.layouts.drop(gone)  # recorded again if it comes back (RequestState.add_request)
+            self.served.release(gone)  # its layout is recorded again if it comes back (RequestState.add_request)
 
     def on_requests_finished(self, finished_req_ids: set[str]) -> None:
-        self.served.drafter.release(finished_req_ids)
-        self.layouts.drop(finished_req_ids)
-        self.host_memory.maybe_release()  # the ended requests' step temporaries are free now
+        self.served.release(finished_req_ids)
 
     def reset_state(self) -> None:
-        drafter = self.served.drafter
-        drafter.release(drafter.tracked())
-        self.layouts.by_request.clear()
+        self.served.release_all()
 
     # ---- one step ---------------------------------------------------------------------------------
     def propose(self, input_batch, attn_metadata, slot_mappings, last_hidden_states, aux_hidden_states,
@@ -163,10 +145,10 @@ class SparrowSpeculator(DraftModelSpeculator):
         drafter = self.served.drafter
         if dummy_run:
             if is_profile:  # vLLM's memory profile: the draft's largest step is in its peak
-                drafter.profile_step(input_batch.num_tokens, self.max_num_reqs, self.num_speculative_steps,
-                                     self.served.drafting, self._profile_sampler())
+                self.served.profile(input_batch.num_tokens, self.max_num_reqs, self.num_speculative_steps,
+                                    self._profile_store())
             return out.zero_()
-        batch = step_batch(drafter, self.layouts, input_batch, self.req_states.prompt_len.np, last_hidden_states,
+        batch = step_batch(drafter, self.served.layouts, input_batch, self.req_states.prompt_len.np, last_hidden_states,
                            num_sampled, num_rejected, last_sampled, next_prefill_tokens)
         if K == 0:  # no drafts scheduled: the step's states still go in
             with torch.inference_mode():
@@ -178,22 +160,20 @@ class SparrowSpeculator(DraftModelSpeculator):
             self.idx_mapping[n:].fill_(-1)
             self.temperature.copy_(temperature)
         sample = self.greedy if self.draft_logits is None else self._sampled(temperature[slots], slots)
-        out[:, :K].copy_(drafter.step(batch, K, sample, self.served.drafting).ids)
+        out[:, :K].copy_(self.served.step(batch, K, sample).ids)
         return out
 
     def _sampled(self, temp: torch.Tensor, slots: torch.Tensor):
         """The sampled draft of a step (temp [B] by batch row, vLLM's is by slot), behind the
         confidence recorder when the runner reads confidences."""
-        sample = Sampled(temp, self.draft_generator, LogitRows(self.draft_logits.values, slots,
-                                                               self.served.drafter.vocab_ids))
+        sample = self.served.sampled(temp, LogitRows(self.draft_logits.values, slots, self.served.drafter.vocab_ids))
         return sample if self.recorder is None else self.recorder.around(sample)
 
-    def _profile_sampler(self):
-        """The sampler of the profile's step: every request sampled when vLLM keeps draft logits
+    def _profile_store(self) -> LogitRows | None:
+        """Where the profile's step keeps q: every request sampled when vLLM keeps draft logits
         (the profile's requests write the cache's first rows: nothing reads them before the first
         real step)."""
         if self.draft_logits is None:
-            return greedy
+            return None
         rows = torch.arange(self.max_num_reqs, device=self.device) % self.draft_logits.values.shape[0]
-        return Sampled(torch.ones(self.max_num_reqs, device=self.device), self.draft_generator,
-                       LogitRows(self.draft_logits.values, rows, self.served.drafter.vocab_ids))
+        return LogitRows(self.draft_logits.values, rows, self.served.drafter.vocab_ids)

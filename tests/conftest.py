@@ -24,9 +24,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
-from kinds import HELP, KINDS
+from kinds import BUDGET_S, HELP, KINDS
 
 from sparrow_world.tiny_targets import build_tiny_target, make_prompt
+from vllm_sparrow.releases import V2, release
 
 def pytest_configure(config):
     for kind, text in HELP.items():
@@ -41,17 +42,44 @@ def pytest_collection_modifyitems(config, items):
     stale = sorted(name for name in KINDS if not (here / f"{name}.py").exists())
     if unlisted or stale:
         raise pytest.UsageError(f"tests/kinds.py: list {unlisted} with their kind; drop {stale}")
-    skip_034 = None if _vllm_version() == "0.34.0" else pytest.mark.skip(
-        reason="vLLM 0.34's glue: `make test-vllm034` runs it in 0.34's side environment")
+    row = release(_vllm_version())
+    skip_v2 = None if row is not None and row.runner == V2 else pytest.mark.skip(
+        reason="the V2 runner's glue: `make test-v2-runner` runs it in its side environment")
     for item in items:
         item.add_marker(getattr(pytest.mark, KINDS[item.path.stem]))
-        if KINDS[item.path.stem] == "vllm034" and skip_034 is not None:
-            item.add_marker(skip_034)
+        if KINDS[item.path.stem] == "v2_runner" and skip_v2 is not None:
+            item.add_marker(skip_v2)
+
+
+_KIND_SECONDS: dict[str, float] = {}  # kind -> seconds of its tests' set-up, call and teardown this run
+_KIND_TESTS: dict[str, int] = {}  # kind -> tests run (not skipped)
+
+
+def pytest_runtest_logreport(report):
+    kind = KINDS.get(Path(report.location[0]).stem)
+    if kind is None:
+        return
+    _KIND_SECONDS[kind] = _KIND_SECONDS.get(kind, 0.0) + report.duration
+    if report.when == "call" or (report.when == "setup" and report.outcome == "failed"):
+        _KIND_TESTS[kind] = _KIND_TESTS.get(kind, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Each kind's time this run against its budget (tests/kinds.py BUDGET_S)."""
+    ran = [k for k in BUDGET_S if _KIND_TESTS.get(k)]
+    if not ran:
+        return
+    tr = terminalreporter
+    tr.section("time per kind (tests/kinds.py BUDGET_S)")
+    for kind in ran:
+        took, budget = _KIND_SECONDS[kind], BUDGET_S[kind]
+        note = f"  OVER BUDGET by {took - budget:.0f} s: see --durations" if took > budget else ""
+        tr.write_line(f"{kind:10s} {_KIND_TESTS[kind]:4d} tests {took:7.0f} s of {budget:5d} s{note}")
 
 
 def _vllm_version() -> str:
     """The version of the vLLM this run imports (its metadata, first on the path: the side
-    environment's under `make test-vllm034`), without importing it."""
+    environment's under `make test-v2-runner`), without importing it."""
     from importlib.metadata import version
 
     return version("vllm").split("+")[0]

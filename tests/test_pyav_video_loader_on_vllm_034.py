@@ -33,9 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module", autouse=True)
 def registered():
+    import vllm
+
     from vllm_sparrow.v2_runner.method import register
 
-    register()  # what the plugin does in every vLLM 0.34 process
+    register(vllm.__version__)  # what the plugin does in every process of a V2 runner release
 
 
 def _loader(name):
@@ -114,4 +116,4 @@ def test_vllm_serve_with_pyav_answers_as_the_vllm_032_server_does(workdir, targe
     assert "0.34.0" in log and "Sparrow draft" in log, log[-2000:]
     assert "'video_backend': 'pyav', 'sampling': 'qwen2_vl'" in log, "the script's 0.34 video options"
     assert on_034 == on_032 and on_034, (on_034, on_032)
-    assert os.environ.get("PYTHONPATH"), "this test runs in make test-vllm034's side environment"
+    assert os.environ.get("PYTHONPATH"), "this test runs in make test-v2-runner's side environment"

@@ -1,4 +1,4 @@
-"""Under vLLM 0.34's own Python (`make test-vllm034`): the "sparrow" method of its registry of
+"""Under vLLM 0.34's own Python (`make test-v2-runner`): the "sparrow" method of its registry of
 speculative methods (vllm_sparrow/v2_runner/method.py) builds real 0.34 SpeculativeConfigs for the
 shipped hard-world draft, validated against its target, its depth the draft's own, Sparrow's options
 taken from speculator_options and refused with what to use; and the plugin never stops 0.34 from
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_sparrow.patches import supported_versions_text
+from vllm_sparrow.read_check import supported_versions_text
+from vllm_sparrow.releases import release
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET, DRAFT = ROOT / "models/world-hard/target", ROOT / "models/world-hard/sparrow"
@@ -24,9 +25,11 @@ TARGET, DRAFT = ROOT / "models/world-hard/target", ROOT / "models/world-hard/spa
 def registered():
     from vllm.config import ModelConfig
 
+    import vllm
+
     from vllm_sparrow.v2_runner.method import register
 
-    register()
+    register(vllm.__version__)
     return ModelConfig(model=str(TARGET), dtype="float32", max_model_len=8192)
 
 
@@ -89,14 +92,15 @@ def test_on_vllm_034_the_plugin_registers_sparrow_patches_nothing_and_sets_no_en
               "ENV", "VLLM_USE_V2_MODEL_RUNNER" in os.environ, "METHODS", registered_speculative_methods())
     """)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "VERSION 0.34.0 APPLIED 0 ENV False" in done.stdout
+    version = done.stdout.split("VERSION ", 1)[1].split()[0]
+    assert release(version).runner == "v2" and f"VERSION {version} APPLIED 0 ENV False" in done.stdout
     assert "METHODS ['sparrow']" in done.stdout
 
 
 def test_on_a_release_it_does_not_know_the_plugin_steps_aside_naming_the_supported_ones():
     done = _run("""
         import vllm
-        vllm.__version__ = "0.35.0"
+        vllm.__version__ = "0.99.0"
         from vllm_sparrow import patches
         from vllm_sparrow.plugin import register
         from vllm.v1.worker.gpu.spec_decode.speculator_config import registered_speculative_methods
@@ -106,7 +110,8 @@ def test_on_a_release_it_does_not_know_the_plugin_steps_aside_naming_the_support
     assert done.returncode == 0, done.stderr[-3000:]
     assert "APPLIED 0 METHODS []" in done.stdout
     log = done.stdout + done.stderr
-    assert f"vllm-sparrow supports vLLM {supported_versions_text()} only, found 0.35.0" in log
+    assert release("0.99.0") is None
+    assert f"vllm-sparrow supports vLLM {supported_versions_text()} only, found 0.99.0" in log
     assert "The sparrow speculative method is not registered; vLLM runs without it" in log
 
 
@@ -114,7 +119,7 @@ def test_the_start_up_check_finds_every_internal_the_v2_glue_relies_on():
     """What the plugin looks for before it registers (v2_runner/vllm_reads.py) is all on 0.34; a
     hook whose parameters are not the ones the glue overrides, or a name 0.34 lacks, is missing."""
     from vllm_sparrow.patch_helper import Read
-    from vllm_sparrow.patches import missing_reads
+    from vllm_sparrow.read_check import missing_reads
     from vllm_sparrow.v2_runner.vllm_reads import ROWS
 
     base = "vllm.v1.worker.gpu.spec_decode.speculator_config.SpeculatorConfig"

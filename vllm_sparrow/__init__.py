@@ -8,22 +8,17 @@ The paper's parts live in separate places:
   the vLLM glue:                               plugin.py (picks the glue per release);
                                                serving_draft.py, method_config.py (both runners);
                                                patches.py, patch_helper.py (vLLM touches, checked)
-    V1 runner (0.32, 0.33)                     v1_runner/
-    V2 runner (0.34)                           v2_runner/
+    the releases, each with its runner         releases.py
+    V1 runner's glue                           v1_runner/
+    V2 runner's glue (Model Runner V2)         v2_runner/
 The demo kit (synthetic world, demo models, benchmark) is the separate package sparrow_world,
 which this one never imports. Importing this package touches neither vLLM nor CUDA.
 """
 
 __version__ = "0.1.0"
-# The vLLM releases the plugin serves on, by the model runner its glue is written for (plugin.py
-# picks the glue; on any other release it logs one line and steps aside):
-#   V1 runner (0.32, 0.33): patches.py's table adds the method (v1_runner/)
-#   V2 runner (0.34): vLLM's registry of speculative methods (v2_runner/), nothing patched
-# Each is checked from its source by tools/vllm_source_check.py (tests/test_patch_targets_exist_in_
-# vllm_source.py); the CPU build is released for 0.32.0 only.
-V1_RUNNER_VERSIONS = ("0.32.0", "0.33.0")
-V2_RUNNER_VERSIONS = ("0.34.0",)  # run on a real 0.34 engine only in the CPU stand-in (make test-vllm034)
-SUPPORTED_VLLM_VERSIONS = V1_RUNNER_VERSIONS + V2_RUNNER_VERSIONS
+# The vLLM releases the plugin serves on, one row each, and the model runner each one's glue is written
+# for: releases.py (plugin.py picks the glue by it; on any other release it logs one line and steps aside).
+
 # The serving glue's logger: a child of vLLM's "vllm" logger, so its lines (which glue registered,
 # the draft loaded with its cache, what was patched) go wherever vLLM's own go, at vLLM's level and
 # through its handler (VLLM_LOGGING_LEVEL, VLLM_CONFIGURE_LOGGING, VLLM_LOGGING_CONFIG_PATH). A logger

@@ -19,8 +19,9 @@ Read, not owned: RANK, WORLD_SIZE, LOCAL_RANK (torchrun's; cli.py, training/trai
 TRITON_INTERPRET (Triton's; attention.py) and VLLM_MAX_IMAGE_PIXELS (vLLM's; video.py) are read
 where they are used, as their owners define them; vLLM's VLLM_ENABLE_V1_MULTIPROCESSING is set
 here, around the opening of an engine whose steps are timed (engine_core_in_this_process), and
-so is VLLM_CPU_KVCACHE_SPACE where the user left it unset (cpu_kv_cache_unless_set). SPARROW_DEVICE and SPARROW_FORCE_SETUP belong
-to `make setup` (Makefile, tools/); the package never reads them.
+so is VLLM_CPU_KVCACHE_SPACE where the user left it unset (cpu_kv_cache_unless_set).
+SETUP_VARIABLES belong to `make setup` (Makefile, tools/setup_env.sh); the package never reads
+them (releases.py names SPARROW_VLLM in the message of the choice it checks for the setup).
 
 Standard library only (no torch, no vLLM), so any module may import it; kernels/ import nothing
 from the package and read no variable.
@@ -34,6 +35,8 @@ import re
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
+
+SETUP_VARIABLES = ("SPARROW_DEVICE", "SPARROW_FORCE_SETUP", "SPARROW_VLLM")  # tools/setup_env.sh's own
 
 
 @dataclass(frozen=True)

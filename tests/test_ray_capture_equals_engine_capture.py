@@ -3,7 +3,7 @@
 equal tensors. Its driver killed with SIGKILL while listing its second shard (shards written but
 never listed) takes its local cluster with it; the rerun deletes those shards, captures their
 samples again and ends with that same capture. `--ray` without `--engine`, or with `--shard`, is refused
-before anything starts."""
+before anything starts, and so are the cluster knobs without `--ray`."""
 
 import json
 import signal
@@ -13,7 +13,8 @@ import torch
 from conftest import gpu_share
 from ray_job_checks import sparrow, two_replicas, wait_gone
 
-from vllm_sparrow.ray_jobs.options import BadRayOptions
+from vllm_sparrow.ray_jobs.capture import capture_on_ray
+from vllm_sparrow.ray_jobs.options import BadRayOptions, RayOptions
 from vllm_sparrow.training.capture import CaptureConfig, capture
 from vllm_sparrow.training.shards import ShardReader, load_manifest
 
@@ -106,14 +107,22 @@ def test_a_killed_driver_takes_its_cluster_and_the_rerun_resumes(on_ray):
 
 def test_ray_needs_the_engine_capture_and_replaces_shards(data, tmp_path):
     root, target = data
-    base = dict(target=str(target), data=str(root / "data.jsonl"), out=str(tmp_path / "x"), ray="local")
+    base = dict(target=str(target), data=str(root / "data.jsonl"), out=str(tmp_path / "x"))
+    local = RayOptions(ray="local")
     with pytest.raises(BadRayOptions, match="add --engine"):
-        capture(CaptureConfig(**base), progress=False)
+        capture_on_ray(CaptureConfig(**base), local, progress=False)
     with pytest.raises(BadRayOptions, match="drop --shard"):
-        capture(CaptureConfig(**base, engine=True, shard="0/2"), progress=False)
+        capture_on_ray(CaptureConfig(**base, engine=True, shard="0/2"), local, progress=False)
     with pytest.raises(BadRayOptions, match="need --ray"):
-        capture(CaptureConfig(**{**base, "ray": None}, replicas=2), progress=False)
+        capture_on_ray(CaptureConfig(**base, engine=True), RayOptions(replicas=2), progress=False)
+    with pytest.raises(BadRayOptions, match="needs --ray"):  # the Ray form never runs without a cluster
+        capture_on_ray(CaptureConfig(**base, engine=True), RayOptions(), progress=False)
+    assert not (tmp_path / "x").exists()
     cli = sparrow([a for a in _args(data, tmp_path / "y") if a != "--engine"] + ["--ray", "local"])
     stdout, stderr = cli.communicate(timeout=120)
     assert cli.returncode == 2 and "error: --ray runs the engine capture: add --engine" in stderr, stdout + stderr
     assert not (tmp_path / "y").exists()  # refused before anything was written
+    cli = sparrow(_args(data, tmp_path / "z") + ["--replicas", "2"])  # the one-process capture, given a cluster knob
+    stdout, stderr = cli.communicate(timeout=120)
+    assert cli.returncode == 2 and "need --ray" in stderr, stdout + stderr
+    assert not (tmp_path / "z").exists()

@@ -11,8 +11,9 @@ in the output. Error rows are kept and skipped too, unless --retry-errors: then 
 again and their new row is appended (an id's last row is its result). One bad item becomes its
 error row; the rest of its chunk still runs. Ctrl-C shuts the engine down and raises
 CaptionInterrupted (the rows written stay; a rerun resumes); a rerun with nothing to do starts
-no engine. With --ray the items go to --replicas engines on a Ray cluster and this process writes
-what they return, by the same rules (ray_jobs/caption.py).
+no engine. The command's --ray form sends the items to engine replicas on a Ray cluster and writes
+what they return by the same rules, through this module's public functions (caption_todo,
+open_caption_engine, run_chunk); nothing here knows of Ray.
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ from .knobs import knob
 from .durable import append_jsonl, read_jsonl
 from .engine_stats import spec_counters
 from .prompts import chat_prompt
-from .ray_jobs.options import RayOptions
 
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mkv", ".mov", ".avi")
 
 
 @dataclass
-class CaptionJob(RayOptions):
-    """`sparrow caption`: every option is a field here and in RayOptions (knobs.py)."""
+class CaptionJob:
+    """`sparrow caption`: every option of the job is a field here (knobs.py); the command's cluster
+    options (--ray, --replicas, ...) are its own, beside this config."""
 
     inputs: str = knob(help="folder of videos, or a JSONL or Parquet listing of {video, prompt?, id?}")
     out: str = knob(help="output JSONL (appended; rerun the same command to resume)")
@@ -65,6 +66,11 @@ class CaptionReport:
     output_tokens: int
     mean_acceptance_length: float | None
     served: dict[str, int] = field(default_factory=dict)  # --ray: rows written per replica (host:pid)
+
+    @classmethod
+    def nothing_done(cls, skipped: int) -> CaptionReport:
+        """A run whose items are all in the output already: it starts no engine."""
+        return cls(0, 0, skipped, 0.0, 0, None)
 
     def summary(self) -> str:
         if not (self.done or self.errors):
@@ -137,27 +143,33 @@ def _listed(src: Path) -> Iterator[tuple[int, Any]]:
                 yield n, e
 
 
+@dataclass
+class CaptionTodo:
+    """What a run of a job has to do: its items not in the output yet, and how many are."""
+
+    items: list[dict]  # in input order, --limit applied; an item listed badly carries its "error"
+    skipped: int  # items already in the output
+
+
+def caption_todo(job: CaptionJob) -> CaptionTodo:
+    """The job's items not in its output yet (with --retry-errors: nor those whose row is an
+    error). Bad input (DuplicateIds) fails here, before any engine starts."""
+    items = list_items(job.inputs, job.prompt)
+    done = done_ids(Path(job.out), job.retry_errors)
+    todo = [it for it in items if it["id"] not in done]
+    return CaptionTodo(todo if job.limit is None else todo[: job.limit], len(items) - len(todo))
+
+
 def caption_batch(job: CaptionJob, llm=None, progress: bool = True, progress_file=None) -> CaptionReport:
     """Caption job's items not in its output yet. llm: an engine to use (default: one opened
     here, and shut down here, also on Ctrl-C); progress_file: where the progress bar goes."""
-    job.check_ray_options()
-    out = Path(job.out)
-    items = list_items(job.inputs, job.prompt)  # bad input fails before any engine starts
-    done = done_ids(out, job.retry_errors)
-    todo = [it for it in items if it["id"] not in done]
-    skipped = len(items) - len(todo)
-    if job.limit is not None:
-        todo = todo[: job.limit]
-    if not todo:  # nothing to do: no engine
-        return CaptionReport(0, 0, skipped, 0.0, 0, None)
-    if job.ray is not None:
-        from .ray_jobs.caption import caption_on_ray
-
-        return caption_on_ray(job, todo, skipped, progress, progress_file)
+    todo = caption_todo(job)
+    if not todo.items:  # nothing to do: no engine
+        return CaptionReport.nothing_done(todo.skipped)
     rows: list[str] = []
     try:
         with engine_session(lambda: open_caption_engine(job), llm) as engine:
-            return _caption(engine, job, todo, skipped, rows, progress, progress_file)
+            return _caption(engine, job, todo.items, todo.skipped, rows, progress, progress_file)
     except EngineInterrupted:
         raise CaptionInterrupted(len(rows)) from None
 

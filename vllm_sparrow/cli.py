@@ -21,6 +21,16 @@ def _init_draft(args) -> int:
     return 0
 
 
+def _cluster(args):
+    """The command's RayOptions when --ray is given, else None; cluster knobs without --ray are
+    refused (BadRayOptions) either way."""
+    from .ray_jobs.options import RayOptions
+
+    opts = from_args(RayOptions, args)
+    opts.check_ray_options()
+    return opts if opts.ray is not None else None
+
+
 def _capture(args) -> int:
     from .batch_caption import EngineInterrupted
     from .ray_jobs.options import ClusterRefused
@@ -28,8 +38,14 @@ def _capture(args) -> int:
     from .training.capture import CaptureConfig, capture
     from .training.shards import CaptureMismatch
 
+    cfg = from_args(CaptureConfig, args)
     try:
-        report = capture(from_args(CaptureConfig, args))
+        if (cluster := _cluster(args)) is None:
+            report = capture(cfg)
+        else:  # the same capture, its samples on the cluster's engine replicas
+            from .ray_jobs.capture import capture_on_ray
+
+            report = capture_on_ray(cfg, cluster)
     except (CaptureMismatch, ClusterRefused) as e:  # another capture's folder, another split, too big for the
         # disk; or --ray options that cannot run, or no Ray installed
         print(f"error: {e}", file=sys.stderr)
@@ -184,7 +200,12 @@ def _caption(args) -> int:
     log = None if job.log == "-" else Path(job.log or f"{job.out}.vllm.log")
     with logs_to(log) as term:  # the terminal gets progress and the report; vLLM's (and Ray's) output goes to the log
         try:
-            report = caption_batch(job, progress_file=term)
+            if (cluster := _cluster(args)) is None:
+                report = caption_batch(job, progress_file=term)
+            else:  # the same job, its items on the cluster's engine replicas
+                from .ray_jobs.caption import caption_on_ray
+
+                report = caption_on_ray(job, cluster, progress_file=term)
         except (DuplicateIds, ClusterRefused) as e:
             print(f"error: {e}", file=term)
             return 2
@@ -217,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The configs are plain dataclasses (no torch, no vLLM): importing them keeps --help fast.
     from .batch_caption import CaptionJob
     from .config import SparrowConfig
+    from .ray_jobs.options import RayOptions
     from .training.acceptance import StopCalibration
     from .training.capture import CaptureConfig
     from .training.export import ExportJob
@@ -238,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(r, RespondConfig)
     r.set_defaults(fn=_respond)
     c = sub.add_parser("capture", help="run the target over a JSONL dataset; store training states")
+    add_options(c, RayOptions)  # --ray: the same capture on engine replicas of a Ray cluster
     add_options(c, CaptureConfig)
     c.set_defaults(fn=_capture)
     pl = sub.add_parser("probe-layers", help="measure text->visual attention per layer; suggest the IVSB layer")
@@ -258,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(tu, TuneConfig)
     tu.set_defaults(fn=_tune)
     cap = sub.add_parser("caption", help="caption a folder or JSONL of videos (resumable, one JSONL row each)")
+    add_options(cap, RayOptions)  # --ray: the same captioning on engine replicas of a Ray cluster
     add_options(cap, CaptionJob)
     cap.set_defaults(fn=_caption)
     for command in _kit_commands():

@@ -16,8 +16,13 @@ Dataset's back-pressure between them. What stays the command's own:
   (lifetime.py); Ray ends a dead driver's actors; a `local` cluster is shut down on every way out,
   and a watchdog (watchdog.py) ends what Ray leaves of it after a kill -9 of the command.
 
+The jobs themselves (batch_caption.py, training/capture.py) know nothing of Ray: the command
+chooses the one-process job or its Ray form here (caption_on_ray, capture_on_ray), and the Ray form
+reuses the job through its public functions.
+
 Modules: options.py (the knobs both commands take), cluster.py (connecting, starting `local`,
 the environment replicas get), watchdog.py, replicas.py (Dataset to actor pool to the driver),
-caption.py and capture.py (each command's replica and driver loop). Ray itself is the optional
-extra `pip install 'vllm-sparrow[ray]'`; nothing here imports it until a command asks for a cluster.
+caption.py and capture.py (each command's Ray form: its replica and driver loop). Ray itself is the
+optional extra `pip install 'vllm-sparrow[ray]'`; nothing here imports it until a command asks for a
+cluster.
 """

@@ -1,5 +1,7 @@
 """`sparrow caption --ray`: the items on engine replicas, the rows written here.
 
+The one-process job (batch_caption.py) knows nothing of Ray; this form sits above it and reuses it:
+the items to do are the job's own (batch_caption.caption_todo: resume, --retry-errors, --limit).
 Each replica (CaptionReplica, a Ray Data actor) opens the job's engine once, as the one-process
 command does (batch_caption.open_caption_engine: the target with the Sparrow draft), and turns each
 batch of `--chunk` items into their rows with the same code (batch_caption.run_chunk: undecodable
@@ -17,12 +19,13 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..batch_caption import (CaptionInterrupted, CaptionJob, CaptionReport, caption_params, open_caption_engine,
-                             run_chunk, templater)
+from ..batch_caption import (CaptionInterrupted, CaptionJob, CaptionReport, caption_params, caption_todo,
+                             open_caption_engine, run_chunk, templater)
 from ..durable import append_jsonl
 from ..engine_stats import spec_counters
 from ..lifetime import record_command
 from .cluster import check_fits, open_cluster
+from .options import RayOptions
 from .replicas import hold_if_asked, replica_resources, run_replicas
 
 
@@ -79,21 +82,27 @@ class _Tally:
         return CaptionReport(self.done, self.errors, skipped, seconds, self.tokens, acc, dict(self.served))
 
 
-def caption_on_ray(job: CaptionJob, todo: list[dict], skipped: int, progress: bool, progress_file) -> CaptionReport:
-    """Caption `todo` on job.replicas replicas of the cluster at job.ray, appending rows to job.out.
-    Ctrl-C stops the cluster's work (a local cluster is shut down) and raises CaptionInterrupted."""
+def caption_on_ray(job: CaptionJob, opts: RayOptions, progress: bool = True, progress_file=None) -> CaptionReport:
+    """Caption job's items not in its output yet on opts.replicas replicas of the cluster at
+    opts.ray, appending rows to job.out; a run with nothing to do starts no cluster. Ctrl-C stops
+    the cluster's work (a local cluster is shut down) and raises CaptionInterrupted."""
     from tqdm import tqdm
 
+    opts.check_cluster_job()
+    todo = caption_todo(job)  # bad input fails before any cluster starts
+    if not todo.items:
+        return CaptionReport.nothing_done(todo.skipped)
     out, tally, bar = Path(job.out), _Tally(), None
     try:
-        with open_cluster(job.ray) as ray:
-            resources = replica_resources(ray, job, job.engine_args)
-            check_fits(ray, job.ray, job.replicas, resources)
-            results = run_replicas(ray, [{"item": json.dumps(it)} for it in todo], CaptionReplica,
-                                   {"job": asdict(job)}, job, resources, job.chunk, ordered=False)
+        with open_cluster(opts.ray) as ray:
+            resources = replica_resources(ray, opts, job.engine_args)
+            check_fits(ray, opts.ray, opts.replicas, resources)
+            results = run_replicas(ray, [{"item": json.dumps(it)} for it in todo.items], CaptionReplica,
+                                   {"job": asdict(job)}, opts, resources, job.chunk, ordered=False)
             for result in results:
                 if bar is None:  # drawn from the first row, so its rate and ETA leave start-up out
-                    bar = tqdm(total=len(todo), desc="caption", unit="video", disable=not progress, file=progress_file)
+                    bar = tqdm(total=len(todo.items), desc="caption", unit="video", disable=not progress,
+                               file=progress_file)
                 if result["id"] in tally.ids:  # a batch run again after its replica died
                     continue
                 row = json.loads(result["row"])
@@ -105,4 +114,4 @@ def caption_on_ray(job: CaptionJob, todo: list[dict], skipped: int, progress: bo
     finally:
         if bar is not None:
             bar.close()
-    return tally.report(skipped)
+    return tally.report(todo.skipped)

@@ -1,5 +1,9 @@
 """`sparrow capture --engine --ray`: the samples on engine replicas, the manifest kept here.
 
+The one-process capture (training/capture.py) knows nothing of Ray; this form sits above it and
+runs it whole (capture.capture: settings, resume, data-file and disk checks, the report) with a
+runner of its own in place of the one engine.
+
 Each replica (CaptureReplica, a Ray Data actor) opens the capture engine once, as the one-process
 `--engine` capture does (engine_target.engine_args: eager, no prefix cache, the worker extension),
 turns each batch of `--batch` samples into their tensors with the same code
@@ -24,10 +28,11 @@ from pathlib import Path
 
 from ..batch_caption import EngineInterrupted
 from ..lifetime import record_command
-from ..training.capture import CaptureConfig
+from ..training.capture import CaptureConfig, CaptureReport, capture
 from ..training.data import BadSample, Sample
 from ..training.shards import ShardWriter, write_shard
 from .cluster import check_fits, open_cluster
+from .options import BadRayOptions, RayOptions
 from .replicas import hold_if_asked, replica_resources, run_replicas
 
 SHARD = "shard-r{:09d}.safetensors"  # named by its batch's first sample: never a one-process shard's name
@@ -78,10 +83,30 @@ def sample_from_json(text: str) -> Sample:
                      "response_ids": None if d["response_ids"] is None else tuple(d["response_ids"])})
 
 
-def capture_on_ray(cfg: CaptureConfig, inputs, todo: list, writer: ShardWriter, progress: bool) -> float:
-    """Capture `todo` (Sample or BadSample) on cfg.replicas replicas of the cluster at cfg.ray,
-    listing their shards through `writer`; returns the seconds from the first batch's start.
-    inputs: the target's prompt side (unused here: each replica loads its own)."""
+def check_capture_on_ray(cfg: CaptureConfig, opts: RayOptions) -> None:
+    """Refuse, before anything is written, a capture the replicas cannot run."""
+    opts.check_cluster_job()
+    if not cfg.engine:
+        raise BadRayOptions("--ray runs the engine capture: add --engine (its replicas are vLLM engines)")
+    if cfg.shard is not None:
+        raise BadRayOptions("--ray spreads the capture over its --replicas: drop --shard")
+
+
+def capture_on_ray(cfg: CaptureConfig, opts: RayOptions, progress: bool = True) -> CaptureReport:
+    """The engine capture of cfg on opts.replicas replicas of the cluster at opts.ray: capture.py's
+    capture, its samples run by the replicas and their shards listed here. Ctrl-C stops the
+    cluster's work (a local cluster is shut down; listed shards stay) and raises EngineInterrupted."""
+    check_capture_on_ray(cfg, opts)
+
+    def on_replicas(cfg: CaptureConfig, inputs, todo: list, writer: ShardWriter, progress: bool) -> float:
+        return _run_on_replicas(cfg, opts, todo, writer, progress)  # inputs: each replica loads its own
+
+    return capture(cfg, progress, runner=on_replicas)
+
+
+def _run_on_replicas(cfg: CaptureConfig, opts: RayOptions, todo: list, writer: ShardWriter, progress: bool) -> float:
+    """Capture `todo` (Sample or BadSample) on the replicas, listing their shards through `writer`;
+    returns the seconds from the first batch's start (the replicas' start-up excluded)."""
     from tqdm import tqdm
 
     drop_unlisted_shards(writer)
@@ -93,11 +118,11 @@ def capture_on_ray(cfg: CaptureConfig, inputs, todo: list, writer: ShardWriter, 
     seen: set[int] = set()
     bar, start, served = None, None, {}
     try:
-        with open_cluster(cfg.ray) as ray:
-            resources = replica_resources(ray, cfg, cfg.engine_args)
-            check_fits(ray, cfg.ray, cfg.replicas, resources)
+        with open_cluster(opts.ray) as ray:
+            resources = replica_resources(ray, opts, cfg.engine_args)
+            check_fits(ray, opts.ray, opts.replicas, resources)
             rows = [{"sample": sample_to_json(s)} for s in samples]
-            for result in run_replicas(ray, rows, CaptureReplica, {"cfg": asdict(cfg)}, cfg, resources, cfg.batch,
+            for result in run_replicas(ray, rows, CaptureReplica, {"cfg": asdict(cfg)}, opts, resources, cfg.batch,
                                        ordered=True):
                 done = json.loads(result["done"])
                 if bar is None:  # drawn from the first batch, so its rate and ETA leave start-up out

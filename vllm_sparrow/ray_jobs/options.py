@@ -1,8 +1,9 @@
 """The knobs `sparrow caption` and `sparrow capture` take to run on a Ray cluster (knobs.py).
 
-A base of both commands' configs: its fields are keyword-only, so they follow each command's own
-required fields, and a command without `--ray` runs as it always did. No Ray import here: the
-CLI's --help stays fast and works without the extra.
+A config of its own, beside each command's job config (the jobs know nothing of Ray): the command
+parses both, and runs the Ray form of its job (caption.py, capture.py) when `--ray` is given, the
+one-process job otherwise. No Ray import here: the CLI's --help stays fast and works without the
+extra.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ class BadRayOptions(ClusterRefused, ValueError):
 
 @dataclass(kw_only=True)
 class RayOptions:
+    """The cluster a command runs its job on, and the replicas it asks for there."""
+
     ray: str | None = knob(None, "run on a Ray cluster: its address (as ray.init takes it, e.g. HEAD:6379 or "
                                  "'auto'), or 'local' to start one on this machine for this command; needs "
                                  "pip install 'vllm-sparrow[ray]'")
@@ -40,3 +43,9 @@ class RayOptions:
             raise BadRayOptions(f"--replicas {self.replicas}: give 1 or more")
         if self.replica_cpus < 0 or (self.replica_gpus or 0) < 0:
             raise BadRayOptions("--replica-cpus and --replica-gpus cannot be negative")
+
+    def check_cluster_job(self) -> None:
+        """A Ray form's check: the knobs as above, and a cluster to run on."""
+        self.check_ray_options()
+        if self.ray is None:
+            raise BadRayOptions("a job on Ray needs --ray (local, or a cluster's address)")

@@ -19,8 +19,9 @@ States are stored in bfloat16 by default: a 25k-token clip's IVSB states for a 7
 25,000 x 3,584 x 2 B = 179 MB a sample (twice that in float32). Before the first sample the
 capture prints its estimate of the bytes per sample and for the run, and refuses, with the
 numbers, when the disk cannot hold them. `--shard I/N` splits a capture over N processes
-(shards.py); `--engine --ray ADDRESS --replicas N` runs it on N engine replicas of a Ray cluster
-instead, its manifest kept by this process (ray_jobs/capture.py).
+(shards.py). The command's `--engine --ray ADDRESS --replicas N` form runs the same capture (its
+settings, resume, manifest and disk check are this module's) with a runner of its own that hands
+the samples to engine replicas of a Ray cluster: capture(cfg, runner=...); nothing here knows of Ray.
 """
 
 from __future__ import annotations
@@ -30,13 +31,12 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from ..knobs import knob
 from ..durable import DurableWriteError
-from ..ray_jobs.options import BadRayOptions, RayOptions
 from ..fingerprint import weights_fingerprint
 from .data import BadSample, Sample, load_media, read_samples
 from .shards import CaptureMismatch, Part, ShardWriter, check_data_file, open_part
@@ -47,8 +47,9 @@ log = logging.getLogger("vllm_sparrow.capture")
 
 
 @dataclass
-class CaptureConfig(RayOptions):
-    """`sparrow capture`: every option is a field here and in RayOptions (knobs.py)."""
+class CaptureConfig:
+    """`sparrow capture`: every option of the capture is a field here (knobs.py); the command's
+    cluster options (--ray, --replicas, ...) are its own, beside this config."""
 
     target: str = knob(help="target model directory (Hugging Face format)")
     data: str = knob(help="JSONL of samples (see vllm_sparrow/training/data.py)")
@@ -78,13 +79,6 @@ class CaptureConfig(RayOptions):
     engine_args: dict[str, Any] = knob(default_factory=dict, help='extra LLM(...) arguments of the --engine '
                                        'target as JSON, e.g. {"tensor_parallel_size": 2, "dtype": "bfloat16"}')
 
-    def check_ray_options(self) -> None:
-        super().check_ray_options()
-        if self.ray is not None and not self.engine:
-            raise BadRayOptions("--ray runs the engine capture: add --engine (its replicas are vLLM engines)")
-        if self.ray is not None and self.shard is not None:
-            raise BadRayOptions("--ray spreads the capture over its --replicas: drop --shard")
-
     def settings(self) -> dict:
         """What must not change between a run and its resumption, the target's weights included
         (a retrained target at the same path must not extend a capture of its old self)."""
@@ -109,10 +103,19 @@ class CaptureReport:
         return f"kept {self.kept} samples; skipped: {bad}"
 
 
-def capture(cfg: CaptureConfig, progress: bool = True) -> CaptureReport:
+# What captures the samples left: (cfg, target, todo, writer, progress) -> the seconds of its sample
+# loop. target: the HFTarget, or with --engine the TargetInputs (the prompt side an engine runner
+# starts its engine from); todo: the Sample or BadSample rows to capture, in order; each result
+# goes to writer (ShardWriter.add / .skip, or .add_written for a shard written elsewhere).
+CaptureRunner = Callable[[CaptureConfig, Any, list, ShardWriter, bool], float]
+
+
+def capture(cfg: CaptureConfig, progress: bool = True, runner: CaptureRunner | None = None) -> CaptureReport:
+    """Capture cfg.data's samples not in cfg.out yet. runner: what captures them (default: the
+    transformers target one sample at a time, or with --engine one vLLM engine here); the settings,
+    resume, data-file and disk checks and the report are this function's whichever runs them."""
     from .target_runner import HFTarget, TargetInputs
 
-    cfg.check_ray_options()
     target = TargetInputs(cfg.target) if cfg.engine else HFTarget(cfg.target, device=cfg.device)
     if cfg.ivsb_layer is None:
         cfg.ivsb_layer = max(1, (2 * target.num_layers) // 3)
@@ -128,7 +131,7 @@ def capture(cfg: CaptureConfig, progress: bool = True) -> CaptureReport:
             and (part is None or part.owns(r.index))]
     todo = [r for r in rows if r.index not in done]
     check_disk(cfg, target, todo, folder)
-    run = _run_hf if not cfg.engine else _run_engine if cfg.ray is None else _run_on_ray
+    run = runner or (_run_engine if cfg.engine else _run_hf)
     seconds = run(cfg, target, todo, writer, progress) if todo else 0.0
     writer.flush()
     counts: dict[str, int] = {}
@@ -190,13 +193,6 @@ def _run_engine(cfg: CaptureConfig, inputs, todo: list, writer: ShardWriter, pro
         seconds = time.perf_counter() - start
     bar.close()
     return seconds
-
-
-def _run_on_ray(cfg: CaptureConfig, inputs, todo: list, writer: ShardWriter, progress: bool) -> float:
-    """The vLLM target on cfg.replicas replicas of a Ray cluster (ray_jobs/capture.py)."""
-    from ..ray_jobs.capture import capture_on_ray
-
-    return capture_on_ray(cfg, inputs, todo, writer, progress)
 
 
 class CaptureRefused(CaptureMismatch):

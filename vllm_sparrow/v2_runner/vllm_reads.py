@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .. import shared_reads
 from ..patch_helper import Read
-from ..releases import V2, listed, versions
+from ..releases import V2, versions
 
 VERSIONS = versions(V2)  # every row's releases, unless it names its own (a hook one release renamed)
 _CONFIGS = "vllm.v1.worker.gpu.spec_decode.speculator_config"
@@ -151,9 +151,10 @@ ROWS: tuple[Read, ...] = METHOD_ROWS + SPECULATOR_ROWS + VIDEO_ROWS + shared_rea
 
 def table_markdown() -> str:
     """The V2 runner's part of the docs' list of vLLM touches (docs/vllm-patches.md)."""
-    rows = ["## The V2 runner's reads (vLLM " + listed(VERSIONS) + ": the method registers through vLLM's registry, "
-            "nothing is patched)", "", "Looked for before the method registers (v2_runner/vllm_reads.py); a "
-            "`signature` row lists the parameters the glue overrides or calls the method with.", "",
+    rows = ["## The V2 runner's reads (its releases, vllm_sparrow/releases.py: the method registers through vLLM's "
+            "registry, nothing is patched)", "", "Looked for before the method registers (v2_runner/vllm_reads.py); a "
+            "`signature` row lists the parameters the glue overrides or calls the method with; `releases`: all of "
+            "the V2 runner's, or the ones a row names.", "",
             "| reads | checked as | parameters | releases | read by | for |", "|---|---|---|---|---|---|"]
     for r in ROWS:
         params = "-" if r.params is None else ", ".join(r.params) or "(none)"

@@ -9,7 +9,7 @@ from PIL import Image
 
 
 def capture_data(root, kind):
-    from vllm_sparrow.video import write_synthetic_clip
+    from sparrow_world.synthetic_clip import write_synthetic_clip
 
     root.mkdir()
     for i in range(3):

@@ -1,6 +1,6 @@
 """Small video datasets for capture and training tests: synthetic 4-frame clips on disk."""
 
-from vllm_sparrow.video import write_synthetic_clip
+from sparrow_world.synthetic_clip import write_synthetic_clip
 
 
 def clip_rows(root, prompts, videos: int = 2) -> list[dict]:

@@ -131,7 +131,8 @@ def trained_drafts(workdir, target_dirs):
 @pytest.fixture(scope="session")
 def clips(workdir):
     """Decoded synthetic clips by frame count: (frames THWC uint8, metadata)."""
-    from vllm_sparrow.video import decode_video, write_synthetic_clip
+    from vllm_sparrow.video import decode_video
+    from sparrow_world.synthetic_clip import write_synthetic_clip
 
     cache = {}
 
@@ -267,7 +268,7 @@ DEMO_MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 def small_capture(workdir, target_dirs):
     """Four 4-frame clips captured from the tiny Qwen2.5-VL target (training tests)."""
     from vllm_sparrow.training.capture import CaptureConfig, capture
-    from vllm_sparrow.video import write_synthetic_clip
+    from sparrow_world.synthetic_clip import write_synthetic_clip
 
     root = workdir / "small-capture-data"
     root.mkdir()

@@ -19,7 +19,7 @@ import pytest
 from conftest import ENGINE_DEFAULTS, close_llm, make_llm
 
 from vllm_sparrow.batch_caption import CaptionJob, DuplicateIds, caption_batch, list_items
-from vllm_sparrow.video import write_synthetic_clip
+from sparrow_world.synthetic_clip import write_synthetic_clip
 
 KIND = "qwen2_5_vl"
 

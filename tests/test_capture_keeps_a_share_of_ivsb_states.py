@@ -16,7 +16,7 @@ from vllm_sparrow.training.shards import ShardReader
 
 @pytest.fixture(scope="module")
 def captures(workdir, target_dirs):
-    from vllm_sparrow.video import write_synthetic_clip
+    from sparrow_world.synthetic_clip import write_synthetic_clip
 
     root = workdir / "ivsb-keep"
     root.mkdir()

@@ -22,7 +22,7 @@ KIND = "qwen2_5_vl"
 
 @pytest.fixture(scope="module")
 def data(workdir, target_dirs):
-    from vllm_sparrow.video import write_synthetic_clip
+    from sparrow_world.synthetic_clip import write_synthetic_clip
 
     root = workdir / "split-capture"
     root.mkdir()

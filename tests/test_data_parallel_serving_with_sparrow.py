@@ -13,7 +13,7 @@ import openai
 import pytest
 from conftest import vllm_server
 
-from vllm_sparrow.video import write_synthetic_clip
+from sparrow_world.synthetic_clip import write_synthetic_clip
 
 KIND = "qwen2_5_vl"
 REQUESTS = 8

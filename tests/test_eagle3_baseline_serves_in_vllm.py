@@ -24,7 +24,7 @@ def setup(workdir, target_dirs):
     from vllm_sparrow.training.capture import CaptureConfig, capture
     from vllm_sparrow.training.eagle3 import init_eagle3
     from vllm_sparrow.training.shards import ShardReader
-    from vllm_sparrow.video import write_synthetic_clip
+    from sparrow_world.synthetic_clip import write_synthetic_clip
 
     target = target_dirs(KIND)
     root = workdir / "eagle3"

@@ -41,7 +41,7 @@ def baseline(workdir, target_dirs):
     from vllm_sparrow.training.shards import ShardReader
     from vllm_sparrow.training.target_runner import HFTarget
     from vllm_sparrow.training.train import TrainConfig, train
-    from vllm_sparrow.video import write_synthetic_clip
+    from sparrow_world.synthetic_clip import write_synthetic_clip
 
     root, target = workdir / "eagle-baseline", target_dirs(KIND)
     root.mkdir()

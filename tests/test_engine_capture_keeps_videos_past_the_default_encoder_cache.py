@@ -11,7 +11,7 @@ import pytest
 
 from vllm_sparrow.training.capture import CaptureConfig, capture
 from vllm_sparrow.training.shards import ShardReader
-from vllm_sparrow.video import write_synthetic_clip
+from sparrow_world.synthetic_clip import write_synthetic_clip
 
 
 @pytest.fixture(scope="module")

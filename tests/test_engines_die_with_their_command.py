@@ -19,7 +19,7 @@ import psutil
 import pytest
 from conftest import ENGINE_DEFAULTS
 
-from vllm_sparrow.video import write_synthetic_clip
+from sparrow_world.synthetic_clip import write_synthetic_clip
 
 GONE_WITHIN_S = 30
 

@@ -18,7 +18,7 @@ STEPS = dict(steps=10, lr=3e-3, mtp_steps=1, holdout=1, log_every=1, save_every=
 
 @pytest.fixture(scope="module")
 def data(workdir, target_dirs):
-    from vllm_sparrow.video import write_synthetic_clip
+    from sparrow_world.synthetic_clip import write_synthetic_clip
 
     root = workdir / "online"
     root.mkdir()

@@ -16,7 +16,7 @@ from conftest import TRAINED_TEXTS, close_llm, make_llm, vllm_server
 from heavy_video import frames, peak_rss_mib
 from vllm import SamplingParams
 
-from vllm_sparrow.video import write_synthetic_clip
+from sparrow_world.synthetic_clip import write_synthetic_clip
 
 KIND = "qwen2_5_vl"
 MAX_TOKENS = 16

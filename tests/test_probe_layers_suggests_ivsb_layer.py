@@ -28,7 +28,8 @@ def target(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def video_inputs(target, tmp_path_factory):
-    from vllm_sparrow.video import decode_video, write_synthetic_clip
+    from vllm_sparrow.video import decode_video
+    from sparrow_world.synthetic_clip import write_synthetic_clip
 
     _, _, proc, _ = target
     out = []
@@ -123,7 +124,7 @@ def test_the_command_prints_the_table_and_the_capture_to_run_next(target, tmp_pa
     import subprocess
     import sys
 
-    from vllm_sparrow.video import write_synthetic_clip
+    from sparrow_world.synthetic_clip import write_synthetic_clip
 
     d = target[0]
     clip = write_synthetic_clip(tmp_path / "c.mp4", 4, seed=3)

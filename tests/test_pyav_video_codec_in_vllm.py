@@ -9,7 +9,8 @@ from conftest import close_llm, make_llm
 from vllm import SamplingParams
 
 from sparrow_world.tiny_targets import make_prompt
-from vllm_sparrow.video import VideoDecodeError, write_synthetic_clip
+from vllm_sparrow.video import VideoDecodeError
+from sparrow_world.synthetic_clip import write_synthetic_clip
 
 KIND = "qwen2_5_vl"
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

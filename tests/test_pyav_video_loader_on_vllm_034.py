@@ -25,7 +25,8 @@ import pytest
 from conftest import on_cuda, vllm_server
 from heavy_video import frames, peak_rss_mib
 
-from vllm_sparrow.video import VideoDecodeError, write_frames, write_synthetic_clip
+from vllm_sparrow.video import VideoDecodeError, write_frames
+from sparrow_world.synthetic_clip import write_synthetic_clip
 
 KIND = "qwen2_5_vl"
 ROOT = Path(__file__).resolve().parents[1]

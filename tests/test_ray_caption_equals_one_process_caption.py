@@ -14,7 +14,7 @@ import pytest
 from conftest import ENGINE_DEFAULTS
 from ray_job_checks import rows, sparrow, two_replicas, wait_gone
 
-from vllm_sparrow.video import write_synthetic_clip
+from sparrow_world.synthetic_clip import write_synthetic_clip
 
 KIND = "qwen2_5_vl"
 

@@ -24,7 +24,7 @@ ENGINE = {"dtype": "float32", "max_num_seqs": 4, "enforce_eager": True, **gpu_sh
 
 @pytest.fixture(scope="module")
 def data(workdir, target_dirs):
-    from vllm_sparrow.video import write_synthetic_clip
+    from sparrow_world.synthetic_clip import write_synthetic_clip
 
     root = workdir / "ray-capture"
     root.mkdir()

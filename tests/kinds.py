@@ -39,6 +39,7 @@ KINDS = {
     "test_target_training_labels_follow_the_frames": "fast",
     "test_tree_replay_measures_chains_and_trees": "fast",
     "test_tree_search_drafts_best_path": "fast",
+    "test_drafting_choice_follows_its_rule": "fast",
     "test_adaptive_length_stops_drafting_early": "fast",
     "test_vllm_patches_are_declared": "fast",
     "test_window_rule_matches_written_out_masks": "fast",

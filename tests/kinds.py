@@ -115,13 +115,13 @@ KINDS = {
     "test_tensor_parallel_is_lossless": "demo",
     "test_training_commands_run_as_written": "demo",
     # v2_runner
-    "test_caption_respond_and_tune_run_on_vllm_034": "v2_runner",
-    "test_demo_and_bench_run_on_vllm_034": "v2_runner",
-    "test_drafting_follows_the_scheduled_depth_on_vllm_034": "v2_runner",
-    "test_engine_capture_on_vllm_034": "v2_runner",
-    "test_pyav_video_loader_on_vllm_034": "v2_runner",
-    "test_sparrow_registers_on_vllm_034": "v2_runner",
-    "test_sparrow_serves_on_a_vllm_034_engine": "v2_runner",
+    "test_v2_runner_caption_respond_and_tune_match_the_v1_runner": "v2_runner",
+    "test_v2_runner_demo_and_bench_match_the_v1_runner": "v2_runner",
+    "test_v2_runner_drafting_follows_the_scheduled_depth": "v2_runner",
+    "test_v2_runner_engine_capture_equals_transformers_capture": "v2_runner",
+    "test_v2_runner_pyav_loader_decodes_as_the_v1_codec_does": "v2_runner",
+    "test_v2_runner_registers_sparrow_through_vllms_registry": "v2_runner",
+    "test_v2_runner_engine_and_server_are_lossless_with_sparrow": "v2_runner",
     "test_v2_speculator_drafts_like_the_dense_reference": "v2_runner",
 }
 

@@ -1,7 +1,7 @@
 """On the V1 runner's glue (vLLM 0.32): each step drafts the depth vLLM's per-batch-size schedule
 gives it (num_speculative_tokens_per_batch_size), so a step's drafting work follows the scheduled
 depth, not the maximum; outputs stay the target's. The same check runs on the 0.34 engine
-(test_drafting_follows_the_scheduled_depth_on_vllm_034.py); tests/depth_schedule.py holds it."""
+(test_v2_runner_drafting_follows_the_scheduled_depth.py); tests/depth_schedule.py holds it."""
 
 from depth_schedule import KIND, check_schedule_costs_what_it_drafts
 

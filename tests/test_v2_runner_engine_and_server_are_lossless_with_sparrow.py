@@ -16,7 +16,7 @@ Triton kernels under Triton's interpreter); on a GPU with vLLM 0.34 installed it
   ones exact.
 - `vllm serve` answers OpenAI video chat requests with Sparrow (probabilistic drafts) as the
   target alone does (videos decoded by vLLM's opencv backend here; PyAV is the plugin's loader,
-  test_pyav_video_loader_on_vllm_034.py), answers sampled requests with top_p and keeps serving,
+  test_v2_runner_pyav_loader_decodes_as_the_v1_codec_does.py), answers sampled requests with top_p and keeps serving,
   and its log has the plugin's load line.
 """
 

@@ -24,7 +24,7 @@ KIND = "qwen2_5_vl"
 ENGINE = {"dtype": "float32", "max_num_seqs": 4, "max_num_batched_tokens": 64, "enforce_eager": True}
 
 
-def test_engine_capture_on_vllm_034_equals_the_transformers_capture(workdir, target_dirs):
+def test_v2_runner_engine_capture_equals_transformers_capture_equals_the_transformers_capture(workdir, target_dirs):
     import vllm
 
     assert vllm.__version__.startswith("0.34"), vllm.__version__

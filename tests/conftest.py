@@ -111,7 +111,7 @@ def trained_drafts(workdir, target_dirs):
     """A draft distilled on the target's own continuations of TRAINED_TEXTS (chat-templated)."""
     from transformers import AutoTokenizer
 
-    from quick_draft import make_trained_draft
+    from support.quick_draft import make_trained_draft
 
     cache = {}
 

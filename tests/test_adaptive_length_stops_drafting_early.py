@@ -6,7 +6,7 @@ tokens verified) is test_deep_drafts_are_lossless.py's adaptive-length test."""
 
 import pytest
 import torch
-from tiny_drafts import D, IO, greedy_sample, tiny_draft
+from support.tiny_drafts import D, IO, greedy_sample, tiny_draft
 
 from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.drafting.chain import ChainDrafting, StoppingChainDrafting, kept_drafts

@@ -32,7 +32,7 @@ import pytest
 from conftest import TRAINED_TEXTS, close_llm, make_llm, on_cuda
 from vllm import SamplingParams
 
-from engine_probe import spec_counters
+from support.engine_probe import spec_counters
 from sparrow_world.tiny_targets import make_prompt
 
 pytestmark = pytest.mark.skipif(not on_cuda(), reason="CUDA graphs and bfloat16 are the GPU configuration: "

@@ -6,8 +6,8 @@ accepted; vLLM's per-batch-size schedule carries it."""
 from conftest import DEMO_MODELS, close_llm, make_llm
 from vllm import SamplingParams
 
-from dense_reference import StreamReplay, check_engine_drafts, placeholder_ids
-from engine_probe import drafter_inputs, record_drafter_inputs, spec_counters
+from support.dense_reference import StreamReplay, check_engine_drafts, placeholder_ids
+from support.engine_probe import drafter_inputs, record_drafter_inputs, spec_counters
 from sparrow_world.tiny_targets import make_prompt
 
 K = 16  # vllm_sparrow.config.MAX_SPECULATIVE_TOKENS

@@ -4,7 +4,7 @@ Drives SparrowDrafter through chunked prefill (chunks that split visual runs), d
 with random acceptance (rejected rows present, as in vLLM's padded batches), restarts after
 preemption, and batches that mix requests in every phase; at every step compares each drafting
 request's draft logits with a from-scratch dense reference over its text stream (visual
-positions removed, the window rule written out in tests/dense_reference.py) computed by the
+positions removed, the window rule written out in tests/support/dense_reference.py) computed by the
 training model, and checks that the ring holds the keys and values of exactly the entries a
 later query can read (the anchors and the last W), as the training model computes them.
 """
@@ -15,36 +15,12 @@ import pytest
 import torch
 
 from vllm_sparrow.attention import TorchWindowAttention
-from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
 from vllm_sparrow.drafting.chain import CHAIN
-from vllm_sparrow.model import SparrowDraftModel
-from dense_reference import dense_draft_logits
+from support.tiny_drafts import IO, tiny_draft
+from support.dense_reference import dense_draft_logits
 
 H, V, VIS, K = 64, 50, 7, 3  # hidden, vocab, visual placeholder id, draft depth
-
-
-class _IO:
-    def __init__(self):
-        g = torch.Generator().manual_seed(1)
-        self.emb = torch.randn(V, H, generator=g)
-        self.head = torch.randn(V, H, generator=g) / H**0.5
-
-    def embed(self, ids):
-        return self.emb[ids]
-
-    def logits(self, h):
-        return h @ self.head.T
-
-
-def _model(anchors, window):
-    cfg = SparrowConfig(hidden_size=H, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                        intermediate_size=96, vocab_size=V, anchor_tokens=anchors, window_tokens=window)
-    torch.manual_seed(0)
-    m = SparrowDraftModel(cfg)
-    for p in m.parameters():
-        torch.nn.init.normal_(p, std=0.2)
-    return m.eval()
 
 
 def _dense_logits(model, io, stream, next_token, drafts):
@@ -168,7 +144,7 @@ def _prompt(rnd, n_vis):
 @pytest.mark.parametrize("anchors,window", [(2, 5), (0, None), (3, 1), (0, 2)])
 def test_incremental_drafts_equal_dense_recomputation(anchors, window):
     rnd = random.Random(anchors * 10 + (window or 0))
-    model, io = _model(anchors, window), _IO()
+    model, io = tiny_draft(anchors, window, V), IO(V, seed=1)
     drafter = SparrowDrafter(model, io, (VIS,), TorchWindowAttention(), torch.device("cpu"), torch.float32,
                              max_requests=2, max_draft_tokens=K, max_text_tokens=256)
     paths = _count_paths(drafter)
@@ -189,7 +165,7 @@ def test_incremental_drafts_equal_dense_recomputation(anchors, window):
 @pytest.mark.parametrize("anchors,window", [(2, 5), (0, None)])
 def test_batches_mixing_prefill_decode_and_restarts_equal_dense_recomputation(anchors, window):
     rnd = random.Random(7)
-    model, io = _model(anchors, window), _IO()
+    model, io = tiny_draft(anchors, window, V), IO(V, seed=1)
     drafter = SparrowDrafter(model, io, (VIS,), TorchWindowAttention(), torch.device("cpu"), torch.float32,
                              max_requests=6, max_draft_tokens=K, max_text_tokens=512)
     paths = _count_paths(drafter)
@@ -208,7 +184,7 @@ def test_batches_mixing_prefill_decode_and_restarts_equal_dense_recomputation(an
 
 
 def test_visual_positions_never_enter_the_cache():
-    model, io = _model(2, 4), _IO()
+    model, io = tiny_draft(2, 4, V), IO(V, seed=1)
     drafter = SparrowDrafter(model, io, (VIS,), TorchWindowAttention(), torch.device("cpu"), torch.float32)
     for n_vis in (4, 400):
         prompt = [1, 2, 3] + [VIS] * n_vis + [4, 5, 6]
@@ -228,7 +204,7 @@ def test_a_tracked_request_whose_stream_start_moved_restarts_like_a_new_one(resu
     scratch, the whole sequence arrives as a prompt (the packed commit); resumed from the prefix
     cache, only its last token arrives, a decode row (the fixed-layout commit)."""
     rnd = random.Random(11)
-    model, io = _model(2, 5), _IO()
+    model, io = tiny_draft(2, 5, V), IO(V, seed=1)
     drafter = SparrowDrafter(model, io, (VIS,), TorchWindowAttention(), torch.device("cpu"), torch.float32,
                              max_requests=3, max_draft_tokens=K, max_text_tokens=256)
     reqs = [_Request(f"r{i}", _prompt(rnd, 6 + 3 * i), rnd) for i in range(3)]

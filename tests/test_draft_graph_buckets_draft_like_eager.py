@@ -22,7 +22,7 @@ from vllm_sparrow.drafting.chain import CHAIN, ChainDrafting
 from vllm_sparrow.drafting.step import greedy
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
 from vllm_sparrow.model import SparrowDraftModel
-from engine_probe import drafter_inputs, record_drafter_inputs
+from support.engine_probe import drafter_inputs, record_drafter_inputs
 from sparrow_world.tiny_targets import make_prompt
 
 H, V, K = 64, 50, 3

@@ -5,7 +5,7 @@ target is free again once all requests have ended."""
 from conftest import TRAINED_TEXTS, close_llm, make_llm
 from vllm import SamplingParams
 
-from engine_probe import drafter_stats
+from support.engine_probe import drafter_stats
 from sparrow_world.tiny_targets import make_prompt
 
 KIND = "qwen2_5_vl"

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tiny_drafts import IO, tiny_draft
+from support.tiny_drafts import IO, tiny_draft
 from vllm_sparrow import LOGGER
 from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.drafter import SparrowDrafter

@@ -11,7 +11,7 @@ they decode. Every drafting step's logits equal a dense reference computed by th
 The reference: the draft is one layer, so the chain after entry n reads the anchors [0, A) and the
 last W entries, each made from its own inputs at its own text index. The training model runs over
 exactly those entries, at their true text indices, under the window rule written by position (the
-full n x n reference of tests/dense_reference.py is 65k x 65k here). The GPU check runs the same
+full n x n reference of tests/support/dense_reference.py is 65k x 65k here). The GPU check runs the same
 crossing at 7B shapes (vllm_sparrow/gpu_check/, its `long_positions` part).
 """
 
@@ -21,36 +21,12 @@ import pytest
 import torch
 
 from vllm_sparrow.attention import TorchWindowAttention
-from vllm_sparrow.config import SparrowConfig
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch
 from vllm_sparrow.drafting.chain import CHAIN
-from vllm_sparrow.model import SparrowDraftModel
+from support.tiny_drafts import IO, tiny_draft
 
 H, V, VIS, K, A, W = 64, 50, 7, 3, 4, 16
 CHUNK = 8192  # prefill rows per step
-
-
-class _IO:
-    def __init__(self):
-        g = torch.Generator().manual_seed(1)
-        self.emb = torch.randn(V, H, generator=g)
-        self.head = torch.randn(V, H, generator=g) / H**0.5
-
-    def embed(self, ids):
-        return self.emb[ids]
-
-    def logits(self, h):
-        return h @ self.head.T
-
-
-def _model():
-    cfg = SparrowConfig(hidden_size=H, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                        intermediate_size=96, vocab_size=V, anchor_tokens=A, window_tokens=W)
-    torch.manual_seed(0)
-    m = SparrowDraftModel(cfg)
-    for p in m.parameters():
-        torch.nn.init.normal_(p, std=0.2)
-    return m.eval()
 
 
 @torch.no_grad()
@@ -110,7 +86,7 @@ class _Stream:
 
 def test_drafts_past_positions_32768_and_65536_equal_the_dense_reference():
     rnd = random.Random(3)
-    model, io = _model(), _IO()
+    model, io = tiny_draft(A, W, V), IO(V, seed=1)
     drafter = SparrowDrafter(model, io, (VIS,), TorchWindowAttention(), torch.device("cpu"), torch.float32,
                              max_requests=3, max_draft_tokens=K, max_text_tokens=70_000)
     text = lambda n: [rnd.randrange(10, V) for _ in range(n)]  # noqa: E731

@@ -8,11 +8,11 @@ import json
 
 import pytest
 import torch
-from clip_data import clip_rows
+from support.clip_data import clip_rows
 from conftest import close_llm, make_llm
 from vllm import SamplingParams
 
-from engine_probe import spec_counters
+from support.engine_probe import spec_counters
 from sparrow_world.tiny_targets import make_prompt
 
 KIND, K = "qwen2_5_vl", 3

@@ -9,7 +9,7 @@ import pytest
 from conftest import close_llm, make_llm
 from vllm import SamplingParams
 
-from engine_probe import spec_counters
+from support.engine_probe import spec_counters
 
 KIND = "qwen2_5_vl"
 PROMPTS = ["describe the video", "what moves first", "name the colours", "count the shapes"]

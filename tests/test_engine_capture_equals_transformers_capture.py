@@ -22,7 +22,7 @@ import psutil
 import pytest
 import torch
 
-from capture_data import capture_data
+from support.capture_data import capture_data
 
 from vllm_sparrow.training.capture import CaptureConfig, capture
 from vllm_sparrow.training.shards import ShardReader

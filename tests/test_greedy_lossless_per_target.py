@@ -1,7 +1,7 @@
 """On every supported target, in a real engine: greedy outputs with sparrow equal outputs without
 speculation, token for token, and every draft the proposer hands vLLM is what the training model
 drafts from the same committed states (a dense recomputation over the request's text stream,
-tests/dense_reference.py), for a batch that mixes a long and a short video, an image, a text
+tests/support/dense_reference.py), for a batch that mixes a long and a short video, an image, a text
 prompt longer than the draft's window and short text prompts; the sparrow engine is squeezed so
 that prompts are prefilled in chunks, requests are preempted and recomputed, and more requests
 than draft slots pass through (slots are reused). vLLM's spec-decode counters agree with the
@@ -12,15 +12,15 @@ import pytest
 from conftest import close_llm, make_llm
 from vllm import SamplingParams
 
-from dense_reference import StreamReplay, check_engine_drafts, placeholder_ids
-from engine_probe import (
+from support.dense_reference import StreamReplay, check_engine_drafts, placeholder_ids
+from support.engine_probe import (
     drafter_inputs,
     drafter_stats,
     record_drafter_inputs,
     spec_counters,
     text_entries_by_request,
 )
-from lossless_batch import ACCEPTED, FRAMES, GREEDY, K, SEQS, requests, squeezed
+from support.lossless_batch import ACCEPTED, FRAMES, GREEDY, K, SEQS, requests, squeezed
 
 
 @pytest.fixture(scope="module", params=sorted(FRAMES))

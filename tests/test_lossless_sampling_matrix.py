@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 from conftest import TRAINED_TEXTS, close_llm, make_llm
-from distribution_checks import chi2_critical, chi2_homogeneity
+from support.distribution_checks import chi2_critical, chi2_homogeneity
 from vllm import SamplingParams
 from vllm.sampling_params import StructuredOutputsParams
 

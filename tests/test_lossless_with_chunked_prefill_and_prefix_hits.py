@@ -6,7 +6,7 @@ import pytest
 from conftest import TRAINED_TEXTS, close_llm, make_llm
 from vllm import SamplingParams
 
-from engine_probe import drafter_stats
+from support.engine_probe import drafter_stats
 from sparrow_world.tiny_targets import make_prompt
 
 KIND = "qwen2_5_vl"

@@ -10,7 +10,7 @@ request's last entry only. Pinned three ways:
 - a long text prompt (600 and 3,000 tokens) arriving while 16 video requests decode, in a real
   vLLM engine: greedy output equals the target's without speculation, token for token, and every
   step's drafts (those carrying the chunks among them) equal the training model's dense
-  recomputation (tests/dense_reference.py), so a draft bug cannot hide behind the verifier;
+  recomputation (tests/support/dense_reference.py), so a draft bug cannot hide behind the verifier;
 - the packed store writes what the padded layout writes (tests/test_triton_window_attention_matches_torch.py).
 """
 
@@ -140,7 +140,7 @@ def _profiled_rows(worker):
 def runs(target_dirs, trained_drafts, clips):
     from vllm import SamplingParams
 
-    from engine_probe import drafter_inputs, record_drafter_inputs
+    from support.engine_probe import drafter_inputs, record_drafter_inputs
     from sparrow_world.tiny_targets import make_prompt
 
     target, draft = target_dirs(KIND), trained_drafts(KIND)
@@ -181,7 +181,7 @@ def test_the_steps_carrying_long_chunks_draft_what_the_dense_reference_drafts(ru
     steps where a 600- or 3,000-token chunk sat beside (nearly) every decode."""
     from transformers import AutoTokenizer
 
-    from dense_reference import StreamReplay, check_engine_drafts, placeholder_ids
+    from support.dense_reference import StreamReplay, check_engine_drafts, placeholder_ids
     from vllm_sparrow.checkpoint import load_draft
     from vllm_sparrow.training.target_runner import HFTarget
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 from conftest import TRAINED_TEXTS, close_llm, make_llm, vllm_server
-from heavy_video import frames, peak_rss_mib
+from support.heavy_video import frames, peak_rss_mib
 from vllm import SamplingParams
 
 from sparrow_world.synthetic_clip import write_synthetic_clip

@@ -13,12 +13,12 @@ import torch
 from conftest import TRAINED_TEXTS, close_llm, make_llm
 from vllm import SamplingParams
 
-from engine_probe import drafter_stats
+from support.engine_probe import drafter_stats
 from sparrow_world.tiny_targets import make_prompt
 from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.drafter import RECENT_RELEASED, SparrowDrafter, StepBatch
 from vllm_sparrow.drafting.chain import CHAIN
-from tiny_drafts import H, V, IO, tiny_draft
+from support.tiny_drafts import H, V, IO, tiny_draft
 
 VIS, K, SLOTS = 7, 3, 16  # visual placeholder id, draft depth, draft cache slots
 RECENT = 64  # the drafter's recent-requests ring in these tests (the served one: RECENT_RELEASED)

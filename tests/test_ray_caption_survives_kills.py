@@ -16,7 +16,7 @@ import time
 
 import pytest
 from conftest import ENGINE_DEFAULTS
-from ray_job_checks import rows, sparrow, two_replicas, wait_gone
+from support.ray_job_checks import rows, sparrow, two_replicas, wait_gone
 
 from sparrow_world.synthetic_clip import write_synthetic_clip
 

@@ -11,7 +11,7 @@ import signal
 import pytest
 import torch
 from conftest import gpu_share
-from ray_job_checks import sparrow, two_replicas, wait_gone
+from support.ray_job_checks import sparrow, two_replicas, wait_gone
 
 from vllm_sparrow.ray_jobs.capture import capture_on_ray
 from vllm_sparrow.ray_jobs.options import BadRayOptions, RayOptions

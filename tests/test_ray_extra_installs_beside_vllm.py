@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 
 from packaging.requirements import Requirement
-from ray_job_checks import sparrow
+from support.ray_job_checks import sparrow
 
 from sparrow_world.synthetic_clip import write_synthetic_clip
 

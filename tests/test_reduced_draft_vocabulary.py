@@ -18,7 +18,7 @@ from vllm_sparrow.drafting.chain import CHAIN
 from vllm_sparrow.drafting.sampling import Sampled
 from vllm_sparrow.v1_runner.q_buffer import QBuffer
 from vllm_sparrow.model import SparrowDraftModel
-from engine_probe import spec_counters
+from support.engine_probe import spec_counters
 from sparrow_world.tiny_targets import make_prompt
 
 H, V, K = 64, 40, 3

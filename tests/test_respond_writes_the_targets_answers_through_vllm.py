@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from clip_data import clip_rows
+from support.clip_data import clip_rows
 from conftest import ENGINE_DEFAULTS, close_llm, make_llm
 
 from vllm_sparrow.training.respond import RespondConfig, respond, work_file

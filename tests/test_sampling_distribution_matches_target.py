@@ -15,10 +15,10 @@ from collections import Counter
 import pytest
 import torch
 from conftest import TRAINED_TEXTS, close_llm, make_llm
-from distribution_checks import chi2_critical, chi2_goodness_of_fit, chi2_homogeneity, pit_ks
+from support.distribution_checks import chi2_critical, chi2_goodness_of_fit, chi2_homogeneity, pit_ks
 from vllm import SamplingParams
 
-from engine_probe import drafter_inputs, record_drafter_inputs, spec_counters
+from support.engine_probe import drafter_inputs, record_drafter_inputs, spec_counters
 from sparrow_world.tiny_targets import make_prompt
 
 KIND = "qwen2_5_vl"

@@ -11,11 +11,11 @@ import json
 
 import pytest
 import torch
-from clip_data import clip_rows
+from support.clip_data import clip_rows
 from conftest import close_llm, make_llm
 from vllm import SamplingParams
 
-from engine_probe import drafter_inputs, record_drafter_inputs, spec_counters
+from support.engine_probe import drafter_inputs, record_drafter_inputs, spec_counters
 
 KIND = "qwen2_5_vl"
 PROMPTS = ["describe the video", "what moves first", "name the colours you see", "count the shapes"]

@@ -3,7 +3,7 @@ its chains are exactly what the serving drafter drafts, its search's first level
 token, and verifying more tree nodes never accepts less."""
 
 import torch
-from tiny_drafts import D, IO, greedy_sample, tiny_draft
+from support.tiny_drafts import D, IO, greedy_sample, tiny_draft
 
 from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.drafter import SparrowDrafter, StepBatch

@@ -7,7 +7,7 @@ test_greedy_lossless_per_target.py and test_sampling_distribution_matches_target
 
 import pytest
 import torch
-from tiny_drafts import D, IO, greedy_sample, tiny_draft
+from support.tiny_drafts import D, IO, greedy_sample, tiny_draft
 
 from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.drafting.chain import ChainDrafting

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from clip_data import clip_rows
+from support.clip_data import clip_rows
 from conftest import close_llm, make_llm, on_cuda
 
 from vllm_sparrow.training.respond import RespondConfig, respond

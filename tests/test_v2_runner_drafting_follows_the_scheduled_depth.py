@@ -8,7 +8,7 @@ import importlib.util
 
 import pytest
 from conftest import on_cuda
-from depth_schedule import KIND, check_schedule_costs_what_it_drafts
+from support.depth_schedule import KIND, check_schedule_costs_what_it_drafts
 
 if not on_cuda() and importlib.util.find_spec("vllm._C") is None:
     pytest.skip("no vLLM 0.34 engine can run here: neither a GPU nor the CPU ops "

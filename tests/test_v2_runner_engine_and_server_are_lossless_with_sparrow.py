@@ -27,10 +27,10 @@ from collections import Counter
 import openai
 import pytest
 from conftest import TRAINED_TEXTS, close_llm, make_llm, on_cuda, vllm_server
-from distribution_checks import chi2_critical, chi2_homogeneity
+from support.distribution_checks import chi2_critical, chi2_homogeneity
 from vllm import SamplingParams
 
-from lossless_batch import ACCEPTED, GREEDY, K, LONG_TEXT, MORE_TEXTS, SEQS, requests, squeezed
+from support.lossless_batch import ACCEPTED, GREEDY, K, LONG_TEXT, MORE_TEXTS, SEQS, requests, squeezed
 from sparrow_world.tiny_targets import make_prompt
 from vllm_sparrow.engine_stats import drafter_stats, spec_counters
 from sparrow_world.synthetic_clip import write_synthetic_clip

@@ -10,7 +10,7 @@ import importlib.util
 
 import pytest
 import torch
-from capture_data import capture_data
+from support.capture_data import capture_data
 from conftest import on_cuda
 
 from vllm_sparrow.training.capture import CaptureConfig, capture

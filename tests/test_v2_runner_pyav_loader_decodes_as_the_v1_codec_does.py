@@ -23,7 +23,7 @@ import numpy as np
 import openai
 import pytest
 from conftest import on_cuda, vllm_server
-from heavy_video import frames, peak_rss_mib
+from support.heavy_video import frames, peak_rss_mib
 
 from vllm_sparrow.video import VideoDecodeError, write_frames
 from sparrow_world.synthetic_clip import write_synthetic_clip

@@ -3,7 +3,7 @@
 propose() with 0.34's own InputBatch and RequestState on CPU tensors (its Triton bookkeeping
 kernels run under Triton's interpreter, as make test-v2-runner sets up; its pinned-memory buffers
 are the CPU worker's own stand-ins, vllm.v1.worker.cpu.shm) drafts what the dense reference
-drafts (tests/dense_reference.py), at every step, for: video requests decoding with random
+drafts (tests/support/dense_reference.py), at every step, for: video requests decoding with random
 acceptance, a 3,000-token text prompt arriving in chunks beside 16 of them, requests finished and
 new ones taking their slots, a step with num_speculative_tokens 0 (nothing drafted, its states
 still committed: the next step's drafts need them), a request preempted (0.34 tells the speculator nothing) and
@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from dense_reference import StreamReplay, check_engine_drafts
-from engine_probe import _RecordingIO
+from support.dense_reference import StreamReplay, check_engine_drafts
+from support.engine_probe import _RecordingIO
 from safetensors.torch import load_file
 
 from sparrow_world.bench.op_count import OpCounter

@@ -1,14 +1,14 @@
 """The text-anchored window rule, pinned against masks written out by hand: a query at text
 index p reads key i when i <= p and (i < A or i > p - W): the A first text tokens and the last W
 (itself included). Checked on the training mask (WindowSpec.mask), on the kernels' reference
-arithmetic (key_visible), on the tests' own dense reference (tests/dense_reference.py), and
+arithmetic (key_visible), on the tests' own dense reference (tests/support/dense_reference.py), and
 through the serving attention paths themselves (the torch backend's commit and chained
 forwards, and the kernels' torch reference), over a ring that wraps, with padding rows; plus
 the ring's worked examples of window.py and window_attention_ref.py."""
 
 import pytest
 import torch
-from dense_reference import window_mask
+from support.dense_reference import window_mask
 
 from vllm_sparrow.attention import TorchWindowAttention
 from vllm_sparrow.window import TextWindowCache, WindowBatch, WindowSpec

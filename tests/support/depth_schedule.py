@@ -16,7 +16,7 @@ import time
 from conftest import TRAINED_TEXTS, close_llm, make_llm
 from vllm import SamplingParams
 
-from lossless_batch import MORE_TEXTS
+from support.lossless_batch import MORE_TEXTS
 from sparrow_world.bench.op_count import OpCounter
 from sparrow_world.tiny_targets import make_prompt
 

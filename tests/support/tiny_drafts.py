@@ -1,5 +1,6 @@
 """A tiny random Sparrow draft, a token I/O and a text-only captured sample whose response is
-the 'target's' greedy path: the inputs of the tree replay and tree search tests."""
+the 'target's' greedy path: the inputs of the drafter tests (dense reference, tree replay and
+search, per-request state, the drafting choice)."""
 
 import torch
 
@@ -10,9 +11,11 @@ H, V, D = 64, 40, 6
 
 
 class IO:
-    def __init__(self):
-        g = torch.Generator().manual_seed(5)
-        self.emb, self.head = torch.randn(V, H, generator=g), torch.randn(V, H, generator=g) / H**0.5
+    """A random embedding and LM head [vocab, H] (the draft's token I/O)."""
+
+    def __init__(self, vocab: int = V, seed: int = 5):
+        g = torch.Generator().manual_seed(seed)
+        self.emb, self.head = torch.randn(vocab, H, generator=g), torch.randn(vocab, H, generator=g) / H**0.5
 
     def embed(self, ids):
         return self.emb[ids]
@@ -21,9 +24,10 @@ class IO:
         return h @ self.head.T
 
 
-def tiny_draft():
+def tiny_draft(anchors: int = 2, window: int | None = 7, vocab: int = V):
+    """A one-layer draft of width H (4 heads, 2 KV heads of 16), weights N(0, 0.2) from seed 0."""
     cfg = SparrowConfig(hidden_size=H, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                        intermediate_size=96, vocab_size=V, anchor_tokens=2, window_tokens=7)
+                        intermediate_size=96, vocab_size=vocab, anchor_tokens=anchors, window_tokens=window)
     torch.manual_seed(0)
     m = SparrowDraftModel(cfg)
     for p in m.parameters():

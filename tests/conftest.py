@@ -265,21 +265,36 @@ DEMO_MODELS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 
 
 @pytest.fixture(scope="session")
-def small_capture(workdir, target_dirs):
-    """Four 4-frame clips captured from the tiny Qwen2.5-VL target (training tests)."""
-    from vllm_sparrow.training.capture import CaptureConfig, capture
+def small_clips(workdir):
+    """Six 4-frame 112x112 clips, v0.mp4 .. v5.mp4 (seed i), written once for the capture and
+    training tests, whose datasets name them (support/clip_data.py: dataset)."""
     from sparrow_world.synthetic_clip import write_synthetic_clip
 
-    root = workdir / "small-capture-data"
+    root = workdir / "small-clips"
     root.mkdir()
-    rows = []
-    for i in range(4):
+    for i in range(6):
         write_synthetic_clip(root / f"v{i}.mp4", 4, width=112, height=112, seed=i)
-        rows.append({"video": f"v{i}.mp4", "prompt": f"describe clip {i}"})
-    (root / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    capture(CaptureConfig(target=str(target_dirs("qwen2_5_vl")), data=str(root / "data.jsonl"), out=str(root / "cap"),
+    return root
+
+
+@pytest.fixture(scope="session")
+def small_dataset(workdir, small_clips):
+    """The first four small clips, one "describe clip i" each: the training tests' dataset."""
+    from support.clip_data import dataset
+
+    return dataset(workdir / "small-capture-data", small_clips,
+                   [{"video": f"v{i}.mp4", "prompt": f"describe clip {i}"} for i in range(4)])
+
+
+@pytest.fixture(scope="session")
+def small_capture(small_dataset, target_dirs):
+    """small_dataset captured from the tiny Qwen2.5-VL target (training tests)."""
+    from vllm_sparrow.training.capture import CaptureConfig, capture
+
+    out = small_dataset.parent / "cap"
+    capture(CaptureConfig(target=str(target_dirs("qwen2_5_vl")), data=str(small_dataset), out=str(out),
                           num_frames=4, max_new_tokens=12), progress=False)
-    return root / "cap"
+    return out
 
 
 @pytest.fixture(scope="session")

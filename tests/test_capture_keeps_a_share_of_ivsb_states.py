@@ -3,7 +3,6 @@ positions (the bulk of a capture's bytes), a set fixed by the sample's line inde
 kept equal the full capture's at those positions, a rerun keeps the same ones, the size estimate
 counts only them, and training reads them at their own text positions."""
 
-import json
 
 import pytest
 import torch
@@ -12,20 +11,15 @@ from vllm_sparrow.training import capture as capture_module
 from vllm_sparrow.training.capture import CaptureConfig, capture
 from vllm_sparrow.training.ivsb import visual_inputs, visual_text_positions
 from vllm_sparrow.training.shards import ShardReader
+from support.clip_data import dataset
 
 
 @pytest.fixture(scope="module")
-def captures(workdir, target_dirs):
-    from sparrow_world.synthetic_clip import write_synthetic_clip
-
-    root = workdir / "ivsb-keep"
-    root.mkdir()
-    rows = []
-    for i in range(2):
-        write_synthetic_clip(root / f"v{i}.mp4", 4, width=112, height=112, seed=i)
-        rows.append({"video": f"v{i}.mp4", "prompt": f"describe clip {i}", "response_ids": [40, 41, 42]})
-    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    base = dict(target=str(target_dirs("qwen2_5_vl")), data=str(root / "data.jsonl"), num_frames=4,
+def captures(workdir, small_clips, target_dirs):
+    jsonl = dataset(workdir / "ivsb-keep", small_clips, [
+        {"video": f"v{i}.mp4", "prompt": f"describe clip {i}", "response_ids": [40, 41, 42]} for i in range(2)])
+    root = jsonl.parent
+    base = dict(target=str(target_dirs("qwen2_5_vl")), data=str(jsonl), num_frames=4,
                 store_dtype="float32")
     capture(CaptureConfig(out=str(root / "all"), **base), progress=False)
     capture(CaptureConfig(out=str(root / "quarter"), ivsb_keep=0.25, **base), progress=False)

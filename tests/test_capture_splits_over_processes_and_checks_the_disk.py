@@ -16,25 +16,19 @@ import torch
 from vllm_sparrow.training import capture as capture_module
 from vllm_sparrow.training.capture import CaptureConfig, CaptureRefused, capture
 from vllm_sparrow.training.shards import CaptureMismatch, Part, ShardReader
+from support.clip_data import dataset
 
 KIND = "qwen2_5_vl"
 
 
 @pytest.fixture(scope="module")
-def data(workdir, target_dirs):
-    from sparrow_world.synthetic_clip import write_synthetic_clip
-
-    root = workdir / "split-capture"
-    root.mkdir()
-    rows = []
-    for i in range(6):
-        write_synthetic_clip(root / f"v{i}.mp4", 4, width=112, height=112, seed=i)
-        rows.append({"video": f"v{i}.mp4", "prompt": f"describe clip {i}"})
+def data(workdir, small_clips, target_dirs):
+    rows = [{"video": f"v{i}.mp4", "prompt": f"describe clip {i}"} for i in range(6)]
     rows.insert(4, {"video": "missing.mp4", "prompt": "x"})  # line 4: part 1 of 3 skips it
     rows.append({"prompt": "describe the red square moving left", "response": "it moves left",
                  "response_ids": [40, 41, 42, 43, 44]})
-    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return dict(root=root, target=target_dirs(KIND), lines=len(rows))
+    jsonl = dataset(workdir / "split-capture", small_clips, rows)
+    return dict(root=jsonl.parent, target=target_dirs(KIND), lines=len(rows))
 
 
 def _cfg(d, out, **kw):

@@ -10,6 +10,7 @@ import torch
 
 from vllm_sparrow.training.capture import CaptureConfig, capture
 from vllm_sparrow.training.train import TrainConfig, TrainingRefused, train
+from support.clip_data import dataset
 
 KIND = "qwen2_5_vl"
 STEPS = dict(steps=10, lr=3e-3, mtp_steps=1, holdout=1, log_every=1, save_every=5, speculative_tokens=3,
@@ -17,19 +18,12 @@ STEPS = dict(steps=10, lr=3e-3, mtp_steps=1, holdout=1, log_every=1, save_every=
 
 
 @pytest.fixture(scope="module")
-def data(workdir, target_dirs):
-    from sparrow_world.synthetic_clip import write_synthetic_clip
-
-    root = workdir / "online"
-    root.mkdir()
-    rows = []
-    for i in range(3):
-        write_synthetic_clip(root / f"v{i}.mp4", 4, width=112, height=112, seed=i)
-        rows.append({"video": f"v{i}.mp4", "prompt": f"describe clip {i}"})  # the target answers
+def data(workdir, small_clips, target_dirs):
+    rows = [{"video": f"v{i}.mp4", "prompt": f"describe clip {i}"} for i in range(3)]  # the target answers
     rows.insert(1, {"video": "v0.mp4", "prompt": "what moves?", "response": "a red square moves left"})
     rows.append({"prompt": "describe the red square moving left", "response_ids": [40, 41, 42, 43, 44]})
-    (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return dict(root=root, target=str(target_dirs(KIND)), data=str(root / "data.jsonl"))
+    jsonl = dataset(workdir / "online", small_clips, rows)
+    return dict(root=jsonl.parent, target=str(target_dirs(KIND)), data=str(jsonl))
 
 
 def _losses(run):

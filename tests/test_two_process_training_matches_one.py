@@ -39,21 +39,14 @@ REL = 1e-3  # both pairs
 
 
 @pytest.fixture(scope="module")
-def capture(workdir, target_dirs):
-    """Four 4-frame clips from the tiny Qwen2.5-VL target, one sample per shard (3 train, 1 held
-    out), the second training sample's shard then made unreadable: a rank that draws it skips it."""
+def capture(workdir, small_dataset, target_dirs):
+    """The small dataset's four clips from the tiny Qwen2.5-VL target, one sample per shard (3
+    train, 1 held out), the second training sample's shard then made unreadable: a rank that draws
+    it skips it."""
     from vllm_sparrow.training.capture import CaptureConfig, capture
-    from sparrow_world.synthetic_clip import write_synthetic_clip
 
-    root = workdir / "two-ranks-data"
-    root.mkdir()
-    rows = []
-    for i in range(4):
-        write_synthetic_clip(root / f"v{i}.mp4", 4, width=112, height=112, seed=i)
-        rows.append({"video": f"v{i}.mp4", "prompt": f"describe clip {i}"})
-    (root / "data.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    cap = root / "cap"
-    capture(CaptureConfig(target=str(target_dirs("qwen2_5_vl")), data=str(root / "data.jsonl"), out=str(cap),
+    cap = workdir / "two-ranks-cap"
+    capture(CaptureConfig(target=str(target_dirs("qwen2_5_vl")), data=str(small_dataset), out=str(cap),
                           num_frames=4, max_new_tokens=12, shard_size=1), progress=False)
     shard = ShardReader(cap).where[1][0]
     (cap / shard).write_bytes(b"\x00" * 64)

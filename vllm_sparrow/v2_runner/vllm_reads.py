@@ -59,8 +59,11 @@ _PROPOSE = ("input_batch", "attn_metadata", "slot_mappings", "last_hidden_states
             "num_speculative_tokens")
 
 
-def _hook(name: str, params: tuple[str, ...], reason: str, owner: str = f"{_SPECULATORS}.BaseSpeculator") -> Read:
-    return _read(f"{owner}.{name}", _GLUE, reason, "signature", params=params)
+def _hook(name: str, params: tuple[str, ...], reason: str, owner: str = f"{_SPECULATORS}.BaseSpeculator",
+          vllm_versions: tuple[str, ...] = VERSIONS) -> Read:
+    """A hook the glue overrides or calls; a release that renames it is a second row, each row
+    naming its own releases (vllm_versions)."""
+    return _read(f"{owner}.{name}", _GLUE, reason, "signature", params=params, vllm_versions=vllm_versions)
 
 
 SPECULATOR_ROWS: tuple[Read, ...] = (

@@ -133,12 +133,15 @@ HELP = {
     "v2_runner": "the V2 runner's glue in its side environment (make test-v2-runner)",
 }
 
-# Seconds per kind per run on the CI machine (2 cores); measured with `make test` and
-# `make test-v2-runner` (conftest prints the table), kept with room for the machine's noise.
+# Seconds per kind per run on the CI machine (2 cores): each kind's measured time with ~10% of
+# room (CI of 2026-12-07: engine ~1,300 s, demo ~380 s once the RSS soak left the suite, server
+# ~340 s, fast ~80 s, v2_runner ~590 s), so a newcomer that makes its kind slower is named the
+# day it lands. They add up to more than the suite's aim (30 minutes with set-up): lowering them
+# towards it is issue 60's open part, kind by kind.
 BUDGET_S = {
     "fast": 120,
-    "engine": 900,
-    "server": 240,
-    "demo": 240,
-    "v2_runner": 360,
+    "engine": 1400,
+    "server": 380,
+    "demo": 420,
+    "v2_runner": 650,
 }

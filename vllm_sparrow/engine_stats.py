@@ -48,11 +48,12 @@ def _time_drafting(worker) -> bool:
     glue = _glue(worker)
     if glue is None:
         return False
-    drafter = glue.sparrow_core
+    served = glue.served  # each step goes through the served draft (serving_draft.py), either glue
+    drafter = served.drafter
     if getattr(drafter, "seconds_per_step", None) is not None:
         return True
     cuda = drafter.device.type == "cuda"
-    step, commit = drafter.step, drafter.commit
+    step, commit = served.step, drafter.commit
     drafter.seconds_per_step = []
     inside = [False]  # a step's own commit is part of the step: timed once, from the outside
 
@@ -74,7 +75,7 @@ def _time_drafting(worker) -> bool:
                 inside[0] = False
         return run
 
-    drafter.step, drafter.commit = timed(step), timed(commit)  # commit alone: a step with no drafts (0.34)
+    served.step, drafter.commit = timed(step), timed(commit)  # commit alone: a step with no drafts (0.34)
     return True
 
 

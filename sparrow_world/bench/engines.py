@@ -259,7 +259,8 @@ def take_draft_calls(llm) -> list[dict]:
 def _engine_dtypes(worker) -> dict:
     runner = worker.model_runner
     drafter = _drafter(runner)
-    model = getattr(drafter, "sparrow_model", None)  # Sparrow keeps its draft off `.model`
+    served = getattr(drafter, "served", None)  # Sparrow's glues: the served draft, kept off `.model`
+    model = getattr(served, "model", None)
     model = getattr(drafter, "model", None) if model is None else model
     model = model.unwrap() if hasattr(model, "unwrap") else model  # out of a CUDA-graph wrapper
     params = next(model.parameters(), None) if isinstance(model, torch.nn.Module) else None

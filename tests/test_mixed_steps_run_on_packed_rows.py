@@ -227,11 +227,11 @@ def test_the_profile_step_leaves_every_request_as_it_was():
     CHAIN.step(drafter, batch, K)
     state, cache_k = drafter.state.clone(), drafter.cache.k[:-1].clone()
     counter = drafter.layer = _RowCounter(drafter.layer)
-    rows = drafter.profile_step(num_tokens=500, num_requests=12, num_draft=K)  # chunks past the RoPE table split
+    rows = drafter.profile_step(num_tokens=500, num_requests=12, num_draft=K, drafting=CHAIN)  # chunks past the RoPE table split
     assert counter.rows[0] == ("project", rows) and rows == 500 + 12  # every row text, + 1 per request (pending)
     # no step holds more requests than vLLM schedules, each at most the RoPE table's positions
     counter.rows.clear()
-    capped = drafter.profile_step(num_tokens=500, num_requests=4, num_draft=K)
+    capped = drafter.profile_step(num_tokens=500, num_requests=4, num_draft=K, drafting=CHAIN)
     assert counter.rows[0] == ("project", capped) and capped == 4 * (68 - K - 2) + 4
     assert torch.equal(drafter.state[:-1], state[:-1]) and torch.equal(drafter.cache.k[:-1], cache_k)
     assert drafter.stats()["live_requests"] == ["a"]

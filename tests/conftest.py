@@ -7,7 +7,6 @@ in-process vllm.LLM); on CPU nothing changes.
 
 import contextlib
 import gc
-import json
 import os
 import signal
 import socket

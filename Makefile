@@ -10,6 +10,11 @@ VLLM_CPU_KVCACHE_SPACE ?= 1
 HF_HUB_OFFLINE         ?= 1
 TRANSFORMERS_OFFLINE   ?= 1
 PYTEST_ARGS            ?=
+# pytest-xdist workers for `make test` (the suite's engines mostly keep one core busy: two workers
+# fill this machine's two); tests/kinds.py says which files share a worker and in what order
+# they start. JOBS=0 runs in one process.
+JOBS                   ?= 2
+XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist loadscope --no-loadscope-reorder)
 TESTS                  ?= tests
 DEMO_ARGS              ?=
 
@@ -37,7 +42,7 @@ setup:
 	bash tools/setup_env.sh
 
 test: setup
-	$(RUN_ENV) $(PY) -m pytest -x -q --durations=25 $(TESTS) $(PYTEST_ARGS)
+	$(RUN_ENV) $(PY) -m pytest -x -q --durations=25 $(XDIST) $(TESTS) $(PYTEST_ARGS)
 ifeq ($(TESTS),tests)
 	@echo "make test: the V2 runner's glue (its tests were skipped above), in its side environment:"
 	$(MAKE) --no-print-directory test-v2-runner
@@ -55,7 +60,7 @@ test-v2-runner: setup
 	@$(PY) -c "import sys; sys.path.insert(0, 'tools'); from vllm_standin import LIMITS; \
 		print('make test-v2-runner: what the stand-in cannot run:'); print(''.join(f'  - {l}\n' for l in LIMITS), end='')"
 	$(RUN_ENV) side="$$($(PY) tools/vllm_side_env.py)" && \
-		TRITON_INTERPRET=1 VLLM_TARGET_DEVICE=cpu CUDA_VISIBLE_DEVICES= PYTHONPATH="$$side$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m pytest -x -q $(TESTS_V2) $(PYTEST_ARGS)
+		TRITON_INTERPRET=1 VLLM_TARGET_DEVICE=cpu CUDA_VISIBLE_DEVICES= PYTHONPATH="$$side$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m pytest -x -q $(XDIST) $(TESTS_V2) $(PYTEST_ARGS)
 
 test-fast: setup
 	$(RUN_ENV) $(PY) -m pytest -x -q -m fast $(TESTS) $(PYTEST_ARGS)

@@ -8,6 +8,7 @@ in-process vllm.LLM); on CPU nothing changes.
 import contextlib
 import gc
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,8 +23,39 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def _lane_cores() -> None:
+    """Under pytest-xdist (the Makefile's JOBS) each worker is a lane with its share of this
+    machine's cores (on 2 cores and 2 workers: core 0 and core 1), set before torch or vLLM load:
+    the OpenMP threads of its engines (VLLM_CPU_OMP_THREADS_BIND, inherited by the servers and
+    commands it starts) and of its own torch. Without it every engine of both lanes runs an
+    OpenMP thread per core, and Intel OpenMP's waiting threads spin on the cores the other lane
+    needs: two copies of test_greedy_lossless_per_target took 175 s side by side, 114 s pinned
+    (72 s for one alone)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    lane, lanes = int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    cores = sorted(os.sched_getaffinity(0))
+    mine = cores[lane::lanes] or cores
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, mine)))
+    os.environ.setdefault("OMP_NUM_THREADS", str(len(mine)))
+
+
+_lane_cores()
+
+
+def lane_binding(ranks: int) -> dict:
+    """Environment for a vLLM whose engine runs `ranks` worker processes (data parallel): vLLM reads
+    one '|'-separated core list per rank, so in a lane each rank gets the lane's cores; {} outside
+    pytest-xdist (vLLM binds itself)."""
+    bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    if not os.environ.get("PYTEST_XDIST_WORKER") or bind is None:
+        return {}
+    return {"VLLM_CPU_OMP_THREADS_BIND": "|".join([bind] * ranks)}
+
 import pytest
-from kinds import BUDGET_S, HELP, KINDS
+from kinds import BUDGET_S, GROUPS, HELP, KIND_ORDER, KINDS, UNIT_ORDER
 
 from sparrow_world.tiny_targets import build_tiny_target, make_prompt
 from vllm_sparrow.releases import V2, release
@@ -33,12 +65,27 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{kind}: {text}")
 
 
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (the Makefile's JOBS) a worker takes one unit at a time: a test file, or
+    a group of files that share a worker (tests/kinds.py GROUPS), in the order collection put them
+    (--no-loadscope-reorder). A scheduler of our own, because pytest-xdist's xdist_group marks
+    work by rewriting node ids, which pytest 9 no longer reads."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(Path(nodeid.split("::", 1)[0]).stem)
+
+    return ByUnit(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     """Every test gets its file's kind (tests/kinds.py); a file without one, or a kind listed for a
-    file that is gone, stops the run."""
+    file that is gone, stops the run. The units are put in kinds.py's order: the Makefile's
+    workers take them so (--no-loadscope-reorder; pytest_xdist_make_scheduler)."""
     here = Path(__file__).parent
     unlisted = sorted({item.path.stem for item in items if item.path.stem not in KINDS})
-    stale = sorted(name for name in KINDS if not (here / f"{name}.py").exists())
+    stale = sorted(name for name in [*KINDS, *_GROUP_OF] if not (here / f"{name}.py").exists())
     if unlisted or stale:
         raise pytest.UsageError(f"tests/kinds.py: list {unlisted} with their kind; drop {stale}")
     row = release(_vllm_version())
@@ -48,6 +95,21 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(getattr(pytest.mark, KINDS[item.path.stem]))
         if KINDS[item.path.stem] == "v2_runner" and skip_v2 is not None:
             item.add_marker(skip_v2)
+    items.sort(key=lambda item: _unit_rank(item.path.stem))  # stable: a file's tests keep their order
+
+
+_GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
+
+
+def _unit(stem: str) -> str:
+    return _GROUP_OF.get(stem, stem)
+
+
+def _unit_rank(stem: str) -> tuple[int, int]:
+    unit = _unit(stem)
+    if unit in UNIT_ORDER:
+        return (0, UNIT_ORDER.index(unit))
+    return (1, KIND_ORDER.index(KINDS[stem]))
 
 
 _KIND_SECONDS: dict[str, float] = {}  # kind -> seconds of its tests' set-up, call and teardown this run
@@ -94,19 +156,41 @@ def workdir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def target_dirs(workdir):
+def run_dir(tmp_path_factory):
+    """A folder every worker of this run shares: under pytest-xdist each worker's base temp folder
+    is a sub-folder of the run's own (.../pytest-N/popen-gw0), without it the run's own."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def built_once(folder: Path, build) -> Path:
+    """`build(folder)` run by the first worker that asks, under a lock; the others wait for it and
+    reuse the folder (builds here are deterministic: the same arguments give the same bytes)."""
+    from filelock import FileLock
+
+    done = folder.with_name(folder.name + ".built")
+    with FileLock(str(folder.with_name(folder.name + ".lock"))):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker killed half way left it
+            build(folder)
+            done.touch()
+    return folder
+
+
+@pytest.fixture(scope="session")
+def target_dirs(run_dir):
     cache = {}
 
     def get(kind: str):
         if kind not in cache:
-            cache[kind] = build_tiny_target(kind, workdir / f"target-{kind}")
+            cache[kind] = built_once(run_dir / f"target-{kind}", lambda out: build_tiny_target(kind, out))
         return cache[kind]
 
     return get
 
 
 @pytest.fixture(scope="session")
-def trained_drafts(workdir, target_dirs):
+def trained_drafts(run_dir, target_dirs):
     """A draft distilled on the target's own continuations of TRAINED_TEXTS (chat-templated)."""
     from transformers import AutoTokenizer
 
@@ -120,8 +204,8 @@ def trained_drafts(workdir, target_dirs):
             tok = AutoTokenizer.from_pretrained(str(target))
             prompts = [tok(make_prompt(kind, target, t, None), add_special_tokens=False)["input_ids"]
                        for t in TRAINED_TEXTS]
-            cache[kind] = make_trained_draft(target, workdir / f"draft-{kind}", prompts=prompts,
-                                             steps=150, max_new_tokens=64)
+            cache[kind] = built_once(run_dir / f"draft-{kind}", lambda out: make_trained_draft(
+                target, out, prompts=prompts, steps=150, max_new_tokens=64))
         return cache[kind]
 
     return get

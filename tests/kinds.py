@@ -121,9 +121,27 @@ KINDS = {
     "test_v2_runner_engine_capture_equals_transformers_capture": "v2_runner",
     "test_v2_runner_pyav_loader_decodes_as_the_v1_codec_does": "v2_runner",
     "test_v2_runner_registers_sparrow_through_vllms_registry": "v2_runner",
-    "test_v2_runner_engine_and_server_are_lossless_with_sparrow": "v2_runner",
+    "test_v2_runner_greedy_outputs_are_the_targets": "v2_runner",
+    "test_v2_runner_sampled_outputs_follow_the_targets_distribution": "v2_runner",
+    "test_v2_runner_server_answers_video_chats_with_sparrow": "v2_runner",
     "test_v2_speculator_drafts_like_the_dense_reference": "v2_runner",
 }
+
+# `make test` runs two pytest-xdist workers (JOBS in the Makefile): a worker takes one unit at a
+# time, a unit being one test file, or a group of files below that must share one worker: the Ray
+# files (one local Ray cluster at a time on this machine: each takes both cores while it starts)
+# and the two readers of the session's `sparrow bench --quick` (conftest's quick_bench, run once).
+GROUPS = {
+    "ray": ["test_ray_caption_equals_one_process_caption", "test_ray_caption_survives_kills",
+            "test_ray_capture_equals_engine_capture", "test_ray_extra_installs_beside_vllm"],
+    "quick_bench": ["test_demo_models_caption_and_accept", "test_long_video_benchmark"],
+}
+
+# Workers take units in this order: the long ones first (the groups, then kind by kind), so that
+# the two workers end together instead of one waiting out a long unit taken last
+# (conftest's pytest_xdist_make_scheduler).
+UNIT_ORDER = ["ray", "quick_bench"]
+KIND_ORDER = ["demo", "server", "engine", "v2_runner", "fast"]
 
 HELP = {
     "fast": "torch and the package only, seconds (make test-fast)",

@@ -22,7 +22,7 @@ from support.engine_probe import drafter_inputs, record_drafter_inputs, spec_cou
 from sparrow_world.tiny_targets import make_prompt
 
 KIND = "qwen2_5_vl"
-N = 4000
+N = 2000
 T = 0.3
 POSITIONS = (1, 2, 3)  # tokens that come from verified drafts (position 0 comes from prefill)
 GREEDY_TEXTS = TRAINED_TEXTS + ["a green triangle turns around"]

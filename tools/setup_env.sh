@@ -178,7 +178,7 @@ smoke_check_cpu() {
     log "checking the CPU environment"
     "$VPY" - <<'PY'
 import importlib.metadata as md
-import torch, torchvision, av, pytest  # noqa: E401,F401
+import torch, torchvision, av, pytest, xdist  # noqa: E401,F401
 from transformers import Qwen2_5_VLForConditionalGeneration  # noqa: F401
 import vllm
 assert "cpu" in md.version("vllm"), md.version("vllm")

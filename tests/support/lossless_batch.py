@@ -1,5 +1,5 @@
 """The lossless matrix's batch, one definition for every runner's engine test
-(test_greedy_lossless_per_target on vLLM 0.32's V1 runner, test_v2_runner_engine_and_server_are_lossless_with_sparrow
+(test_greedy_lossless_per_target on vLLM 0.32's V1 runner, test_v2_runner_greedy_outputs_are_the_targets
 on 0.34's V2 runner): per target a long and a short video, an image, a text prompt longer than the
 draft's window and short text prompts, and the squeezed engine settings under which prompts are
 chunked, requests preempted and recomputed, and more requests pass than there are draft slots."""

@@ -25,40 +25,27 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _lane_cores() -> None:
-    """Under pytest-xdist (the Makefile's JOBS) each worker is a lane with its share of this
-    machine's cores (on 2 cores and 2 workers: core 0 and core 1), set before torch or vLLM load:
-    the OpenMP threads of its engines (VLLM_CPU_OMP_THREADS_BIND, inherited by the servers and
-    commands it starts) and of its own torch. Without it every engine of both lanes runs an
-    OpenMP thread per core, and Intel OpenMP's waiting threads spin on the cores the other lane
-    needs: two copies of test_greedy_lossless_per_target took 175 s side by side, 114 s pinned
-    (72 s for one alone)."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if not worker:
+    """Under pytest-xdist (the Makefile's JOBS) each worker is a lane whose engines run one OpenMP
+    thread each, unbound (set before torch or vLLM load; the servers, commands and Ray replicas
+    a lane starts inherit it). By default every engine binds an OpenMP thread to each core, and
+    Intel OpenMP's waiting threads spin on the cores the other lane needs. Six engine, server
+    and training files in two lanes took 277 s so, 221 s with each lane bound to a core of its
+    own (which also crowds a lane's Ray replicas or server beside its engine onto one core), 230 s
+    with KMP_BLOCKTIME=0, 217 s like this."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    lane, lanes = int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
-    cores = sorted(os.sched_getaffinity(0))
-    mine = cores[lane::lanes] or cores
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, mine)))
-    os.environ.setdefault("OMP_NUM_THREADS", str(len(mine)))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 _lane_cores()
-
-
-def lane_binding(ranks: int) -> dict:
-    """Environment for a vLLM whose engine runs `ranks` worker processes (data parallel): vLLM reads
-    one '|'-separated core list per rank, so in a lane each rank gets the lane's cores; {} outside
-    pytest-xdist (vLLM binds itself)."""
-    bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    if not os.environ.get("PYTEST_XDIST_WORKER") or bind is None:
-        return {}
-    return {"VLLM_CPU_OMP_THREADS_BIND": "|".join([bind] * ranks)}
 
 import pytest
 from kinds import BUDGET_S, GROUPS, HELP, KIND_ORDER, KINDS, UNIT_ORDER
 
 from sparrow_world.tiny_targets import build_tiny_target, make_prompt
 from vllm_sparrow.releases import V2, release
+
 
 def pytest_configure(config):
     for kind, text in HELP.items():

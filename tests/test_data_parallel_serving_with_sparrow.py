@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
-from conftest import lane_binding, vllm_server
+from conftest import vllm_server
 
 from sparrow_world.synthetic_clip import write_synthetic_clip
 
@@ -29,8 +29,7 @@ def server(workdir, target_dirs, trained_drafts):
     args = ["--data-parallel-size", "2", "--enforce-eager", "--dtype", "float32", "--max-model-len", "2048",
             "--speculative-config", json.dumps(spec), "--allowed-local-media-path", str(media),
             "--limit-mm-per-prompt", json.dumps({"video": 1, "image": 0})]
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", **lane_binding(2)}
-    with vllm_server(target, args, workdir / "dp-server.log", env) as (url, _):
+    with vllm_server(target, args, workdir / "dp-server.log", {"VLLM_CPU_KVCACHE_SPACE": "1"}) as (url, _):
         yield url, str(target), clip
 
 

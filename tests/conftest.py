@@ -112,13 +112,20 @@ def pytest_runtest_logreport(report):
         _KIND_TESTS[kind] = _KIND_TESTS.get(kind, 0) + 1
 
 
-def pytest_terminal_summary(terminalreporter):
-    """Each kind's time this run against its budget (tests/kinds.py BUDGET_S)."""
+_STARTED = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Each kind's time this run against its budget (tests/kinds.py BUDGET_S): the seconds of its
+    tests, summed over the lanes (pytest-xdist workers) that ran them."""
     ran = [k for k in BUDGET_S if _KIND_TESTS.get(k)]
     if not ran:
         return
     tr = terminalreporter
     tr.section("time per kind (tests/kinds.py BUDGET_S)")
+    lanes = getattr(config.option, "numprocesses", None) or 1
+    tr.write_line(f"{sum(_KIND_SECONDS[k] for k in ran):.0f} s of tests in {lanes} lane(s), "
+                  f"{time.monotonic() - _STARTED:.0f} s since conftest loaded")
     for kind in ran:
         took, budget = _KIND_SECONDS[kind], BUDGET_S[kind]
         note = f"  OVER BUDGET by {took - budget:.0f} s: see --durations" if took > budget else ""

@@ -24,12 +24,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _lane_cores() -> None:
+def _one_openmp_thread_per_engine() -> None:
     """Under pytest-xdist (the Makefile's JOBS) each worker is a lane whose engines run one OpenMP
     thread each, unbound (set before torch or vLLM load; the servers, commands and Ray replicas
     a lane starts inherit it). By default every engine binds an OpenMP thread to each core, and
     Intel OpenMP's waiting threads spin on the cores the other lane needs. Six engine, server
-    and training files in two lanes took 277 s so, 221 s with each lane bound to a core of its
+    and training files in two lanes took 277 s with vLLM's default binding, 221 s with each lane bound to a core of its
     own (which also crowds a lane's Ray replicas or server beside its engine onto one core), 230 s
     with KMP_BLOCKTIME=0, 217 s like this."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
@@ -38,7 +38,7 @@ def _lane_cores() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-_lane_cores()
+_one_openmp_thread_per_engine()
 
 import pytest
 from kinds import BUDGET_S, GROUPS, HELP, KIND_ORDER, KINDS, UNIT_ORDER

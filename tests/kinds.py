@@ -129,7 +129,7 @@ KINDS = {
 
 # `make test` runs two pytest-xdist workers (JOBS in the Makefile): a worker takes one unit at a
 # time, a unit being one test file, or a group of files below that must share one worker: the Ray
-# files (one local Ray cluster at a time on this machine: each takes both cores while it starts)
+# files (one local Ray cluster at a time on this machine)
 # and the two readers of the session's `sparrow bench --quick` (conftest's quick_bench, run once).
 GROUPS = {
     "ray": ["test_ray_caption_equals_one_process_caption", "test_ray_caption_survives_kills",

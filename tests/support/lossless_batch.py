@@ -57,3 +57,8 @@ def squeezed(kind, outputs) -> dict:
     budget = 600 if FRAMES[kind] else 96
     return dict(max_num_seqs=SEQS, max_num_batched_tokens=budget, block_size=BLOCK,
                 num_gpu_blocks_override=blocks + 1, max_model_len=blocks * BLOCK)  # (+ vLLM's null block)
+
+
+def sparrow_spec(draft) -> dict:
+    """The speculative config the V2 runner's engine and server tests serve the draft with."""
+    return {"method": "sparrow", "model": str(draft), "num_speculative_tokens": K}

@@ -60,7 +60,7 @@ test-v2-runner: setup
 	@$(PY) -c "import sys; sys.path.insert(0, 'tools'); from vllm_standin import LIMITS; \
 		print('make test-v2-runner: what the stand-in cannot run:'); print(''.join(f'  - {l}\n' for l in LIMITS), end='')"
 	$(RUN_ENV) side="$$($(PY) tools/vllm_side_env.py)" && \
-		TRITON_INTERPRET=1 VLLM_TARGET_DEVICE=cpu CUDA_VISIBLE_DEVICES= PYTHONPATH="$$side$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m pytest -x -q $(XDIST) $(TESTS_V2) $(PYTEST_ARGS)
+		TRITON_INTERPRET=1 VLLM_TARGET_DEVICE=cpu CUDA_VISIBLE_DEVICES= PYTHONPATH="$$side$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m pytest -x -q --durations=15 $(XDIST) $(TESTS_V2) $(PYTEST_ARGS)
 
 test-fast: setup
 	$(RUN_ENV) $(PY) -m pytest -x -q -m fast $(TESTS) $(PYTEST_ARGS)

@@ -82,7 +82,6 @@ KINDS = {
     "test_plugin_installs_into_an_existing_vllm": "engine",
     "test_probe_layers_suggests_ivsb_layer": "engine",
     "test_ray_caption_equals_one_process_caption": "engine",
-    "test_ray_caption_survives_kills": "engine",
     "test_ray_capture_equals_engine_capture": "engine",
     "test_ray_extra_installs_beside_vllm": "engine",
     "test_pyav_video_codec_in_vllm": "engine",
@@ -132,7 +131,7 @@ KINDS = {
 # files (one local Ray cluster at a time on this machine)
 # and the two readers of the session's `sparrow bench --quick` (conftest's quick_bench, run once).
 GROUPS = {
-    "ray": ["test_ray_caption_equals_one_process_caption", "test_ray_caption_survives_kills",
+    "ray": ["test_ray_caption_equals_one_process_caption",
             "test_ray_capture_equals_engine_capture", "test_ray_extra_installs_beside_vllm"],
     "quick_bench": ["test_demo_models_caption_and_accept", "test_long_video_benchmark"],
 }

@@ -160,7 +160,7 @@ HELP = {
 # tests summed over the lanes, measured in a fresh-clone `bash .ci/run` (2026-12-07, first run:
 # fast 98, engine 1,412, server 419, demo 745, v2_runner 883), with ~10% of room, so a newcomer
 # that makes its kind slower is named the day it lands. Two later fresh-clone runs of this
-# machine (commits 10d05bc, fac2493) gave fast 114 / 92, engine 1,646 / 1,534, server 374 / 395,
+# machine (commits 460cd3d, fac2493) gave fast 114 / 92, engine 1,646 / 1,534, server 374 / 395,
 # demo 735 / 697, v2_runner 943 / 907: a run's lane-seconds vary by ~7%, with what each lane's
 # neighbour runs. The suite's wall time is about half their sum plus set-up (fac2493: 2,050 s in
 # all, set-up ~160 s); its aim, 30 minutes with set-up, needs the sum near 3,250 s, ~375 below

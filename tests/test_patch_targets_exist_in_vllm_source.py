@@ -19,7 +19,7 @@ import pytest
 
 from vllm_sparrow import patches, read_check
 from vllm_sparrow.patch_helper import Read
-from vllm_sparrow.releases import V2, install_hint, release, versions, wheel_version
+from vllm_sparrow.releases import V2, release, versions, wheel_version
 from vllm_sparrow.v2_runner import vllm_reads as v2_reads
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,14 +173,14 @@ def _run(code: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-@pytest.mark.parametrize("version, registers", [("0.33.0", True), ("0.99.0", False)])
-def test_the_plugin_registers_on_each_supported_version_and_steps_aside_on_others(version, registers, tmp_path):
-    """In a fresh process (the patches stay for the process): vLLM reading `version`, then the
-    plugin's entry point; "sparrow" reaches the plugin's draft validation (registered) or is
-    refused by vLLM's config as an unknown method (not registered)."""
+def test_the_plugin_registers_on_another_supported_version(tmp_path):
+    """In a fresh process (the patches stay for the process): vLLM reading 0.33.0, then the
+    plugin's entry point; "sparrow" reaches the plugin's draft validation, past vLLM's method
+    check. (An unsupported version, where the plugin steps aside and vLLM refuses the method:
+    test_plugin_never_stops_vllm.py.)"""
     done = _run(f"""
         import vllm
-        vllm.__version__ = {version!r}
+        vllm.__version__ = "0.33.0"
         from vllm_sparrow import patches
         print("APPLIED_BEFORE", len(patches.APPLIED))
         from vllm_sparrow.plugin import register
@@ -194,17 +194,9 @@ def test_the_plugin_registers_on_each_supported_version_and_steps_aside_on_other
     """)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "APPLIED_BEFORE 0" in done.stdout
-    log = done.stdout + done.stderr
-    if registers:
-        here = [r for r in patches.PATCHES if r.kind == "replaces" and read_check.on_this_platform(r)]
-        assert f"APPLIED {len(here)}" in done.stdout
-        assert "no-draft' does not exist" in done.stdout  # past vLLM's method check, into the plugin's
-    else:
-        assert "APPLIED 0" in done.stdout and "Input should be 'ngram'" in done.stdout
-        assert release(version) is None
-        assert f"vllm-sparrow supports vLLM {read_check.supported_versions_text()} only, found 0.99.0" in log
-        assert install_hint() in log and "vllm==0.32.0 or vllm==0.33.0 or vllm==0.34.0" in install_hint()
-        assert "sparrow speculative method is not registered" in log
+    here = [r for r in patches.PATCHES if r.kind == "replaces" and read_check.on_this_platform(r)]
+    assert f"APPLIED {len(here)}" in done.stdout
+    assert "no-draft' does not exist" in done.stdout  # past vLLM's method check, into the plugin's
 
 
 def test_downloaded_wheels_stay_out_of_the_repository(wheel_033):

@@ -31,10 +31,17 @@ TRAIN = ("import json, sys; from vllm_sparrow.training.train import TrainConfig,
          "train(TrainConfig(**json.loads(sys.argv[1])), progress=False)")
 
 
+def _child_env(**extra) -> dict:
+    """A child run's environment: as many threads as this process's runs (the references, the
+    resumes) have. Another test in this worker may have set torch's threads for the process (the
+    demo build's target training sets 2, and vLLM's CPU worker then stops any change), and a
+    step's last bits depend on how many threads sum it (a CI run failed so)."""
+    return {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), **extra}
+
+
 def _train_killed(cfg, kill_at: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "SPARROW_KILL_AT_WRITE": kill_at}
-    return subprocess.run([sys.executable, "-c", TRAIN, json.dumps(asdict(cfg))], env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-c", TRAIN, json.dumps(asdict(cfg))],
+                          env=_child_env(SPARROW_KILL_AT_WRITE=kill_at), capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +96,7 @@ def test_kills_at_random_moments_of_the_loop_resume_to_the_uninterrupted_weights
     log = run / "log.jsonl"
     for _ in range(3):
         proc = subprocess.Popen([sys.executable, "-c", TRAIN, json.dumps(asdict(_cfg(small_capture, run, 30)))],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                env=_child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         rows, deadline = rnd.randrange(1, 6), time.time() + 300
         while proc.poll() is None and time.time() < deadline and \
                 (not log.exists() or log.read_bytes().count(b"\n") < rows):

@@ -94,6 +94,7 @@ KINDS = {
     "test_training_pipeline_end_to_end": "engine",
     "test_triton_window_attention_matches_torch": "engine",
     "test_two_process_training_matches_one": "engine",
+    "test_verify_applies_request_parameters_to_drafted_rows": "engine",
     # server
     "test_data_parallel_serving_with_sparrow": "server",
     "test_example_server_answers_about_the_longest_clip": "server",

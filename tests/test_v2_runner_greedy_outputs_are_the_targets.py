@@ -11,6 +11,9 @@ the release.
   squeezed engine: prompt chunks beside decodes, preempted and recomputed requests (0.34 tells
   the speculator nothing of preemption: the drafter's restart path carries it), more requests
   than draft slots. Acceptance is the V1 runner's measured level (the same draft, the same batch).
+- Requests naming token ids whose logprobs they want (logprob_token_ids, which vLLM 0.32's verify
+  step failed under speculation: v1_runner/verify_fixes.py) get the target's logprobs of them;
+  logit_bias and min_p get vLLM's refusal (the V2 glue patches nothing).
 - 16 requests decoding while a long text prompt arrives in chunks stay exact.
 """
 
@@ -26,6 +29,12 @@ from sparrow_world.tiny_targets import make_prompt
 from vllm_sparrow.engine_stats import drafter_stats, spec_counters
 
 KINDS = ("qwen2_5_vl", "llama")  # a video target (M-RoPE positions) and a text one
+NAMED = ([13], [13, 277], [5, 13, 40])  # the token ids three greedy requests ask the logprobs of
+
+
+def _named(reqs) -> tuple[list, list[SamplingParams]]:
+    return reqs[:len(NAMED)], [SamplingParams(temperature=0.0, max_tokens=16, logprob_token_ids=ids)
+                               for ids in NAMED]
 
 if not on_cuda() and importlib.util.find_spec("vllm._C") is None:
     pytest.skip("no vLLM 0.34 engine can run here: neither a GPU nor the CPU ops "
@@ -39,15 +48,25 @@ def matrix(request, target_dirs, trained_drafts, clips):
     reqs = requests(kind, target, clips)
     base = make_llm(target)
     plain = base.generate(reqs, GREEDY)
+    plain_named = base.generate(*_named(reqs))
     close_llm(base)
     llm = make_llm(target, disable_log_stats=False, **squeezed(kind, plain), speculative_config=sparrow_spec(draft))
     outputs = llm.generate(reqs, GREEDY)
     preemptions = int(sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions"))
     counters = spec_counters(llm)
+    named = llm.generate(*_named(reqs))
+    refused = {}
+    for name, params in (("logit_bias", SamplingParams(temperature=0.0, logit_bias={13: 5.0})),
+                         ("min_p", SamplingParams(temperature=1.0, min_p=0.1))):
+        try:
+            llm.generate([outputs[-1].prompt], params)
+        except Exception as e:  # noqa: BLE001 - the refusal, read below
+            refused[name] = f"{type(e).__name__}: {e}"
     # vLLM tells the speculator of finished requests with the next step: run one more request.
     follow_up = llm.generate([outputs[-1].prompt], SamplingParams(max_tokens=1))[0]
     yield dict(kind=kind, reference=[list(o.outputs[0].token_ids) for o in plain], outputs=outputs,
-               counters=counters, stats=drafter_stats(llm), preemptions=preemptions, follow_up=follow_up)
+               counters=counters, stats=drafter_stats(llm), preemptions=preemptions, follow_up=follow_up,
+               named=named, plain_named=plain_named, refused=refused)
     close_llm(llm)
 
 
@@ -56,6 +75,23 @@ def test_greedy_outputs_equal_target_outputs_on_the_v2_runner(matrix):
     for i, (ref, out) in enumerate(zip(matrix["reference"], matrix["outputs"])):
         assert list(out.outputs[0].token_ids) == ref, f"{matrix['kind']}: request {i} differs on vLLM 0.34"
     assert matrix["preemptions"] > 0, "requests must have been preempted and recomputed"
+
+
+def test_logprobs_of_named_token_ids_are_the_targets_on_the_v2_runner(matrix):
+    for ref, got, ids in zip(matrix["plain_named"], matrix["named"], NAMED):
+        assert list(got.outputs[0].token_ids) == list(ref.outputs[0].token_ids)
+        assert len(got.outputs[0].logprobs) == len(ref.outputs[0].token_ids)
+        for mine, theirs, token in zip(got.outputs[0].logprobs, ref.outputs[0].logprobs, ref.outputs[0].token_ids):
+            assert mine.keys() == theirs.keys() == {token, *ids}, (mine, theirs)
+            for t in mine:
+                assert abs(mine[t].logprob - theirs[t].logprob) < 1e-4, (t, mine[t], theirs[t])
+
+
+def test_logit_bias_and_min_p_get_vllms_refusal_on_the_v2_runner(matrix):
+    """The V2 glue patches nothing, so vLLM 0.34's refusal of both under speculation stands (the V1
+    glue applies them: v1_runner/verify_fixes.py); docs/serving.md says so."""
+    for name in ("logit_bias", "min_p"):
+        assert "not yet supported with speculative decoding" in matrix["refused"].get(name, ""), matrix["refused"]
 
 
 def test_acceptance_is_the_v1_runners_measured_level(matrix):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vllm_sparrow import LOGGER, glues, patch_helper, patches, read_check
-from vllm_sparrow.v1_runner import method_patches, vllm_fixes, vllm_reads
+from vllm_sparrow.v1_runner import method_patches, verify_fixes, vllm_fixes, vllm_reads
 from vllm_sparrow.patch_helper import Read
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "vllm-patches.md"
@@ -48,22 +48,24 @@ def test_patch_list_in_docs_is_generated_from_the_table():
 def test_the_method_patches_and_the_general_fixes_are_declared_in_their_own_modules():
     """One table, joined from the rows each module declares beside its code: the method's patches
     (all required) in method_patches.py, the general fixes (all can be turned off) in
-    vllm_fixes.py, each with the internals its code reads; the V1 glue's other reads in
+    vllm_fixes.py and verify_fixes.py, each with the internals its code reads; the V1 glue's other reads in
     vllm_reads.py; the shared modules' reads in shared_reads.py, which the V2 runner's table
     holds too."""
     from vllm_sparrow import shared_reads
     from vllm_sparrow.v2_runner import vllm_reads as v2_reads
 
-    assert patches.PATCHES == method_patches.ROWS + vllm_reads.ROWS + shared_reads.ROWS + vllm_fixes.ROWS
+    assert patches.PATCHES == (method_patches.ROWS + vllm_reads.ROWS + shared_reads.ROWS + vllm_fixes.ROWS
+                               + verify_fixes.ROWS)
     assert v2_reads.ROWS[-len(shared_reads.ROWS):] == shared_reads.ROWS
     assert all(r.kind == "reads" and r.scope == "sparrow" for r in shared_reads.ROWS)
-    for module, scope in ((method_patches, "sparrow"), (vllm_fixes, "fix")):
+    for module, scope in ((method_patches, "sparrow"), (vllm_fixes, "fix"), (verify_fixes, "fix")):
         replaced = [r for r in module.ROWS if r.kind == "replaces"]
         assert replaced and all(r.scope == scope and r.apply.__module__ == module.__name__ for r in replaced)
         assert all(r.scope == scope for r in module.ROWS if r.kind == "reads")
     assert all(r.kind == "reads" and r.scope == "sparrow" for r in vllm_reads.ROWS)
-    fixes = {r.name for r in vllm_fixes.ROWS if r.kind == "replaces"}
-    assert all(set(r.needs) <= fixes for r in vllm_fixes.ROWS)  # a fix's read follows that fix
+    for module in (vllm_fixes, verify_fixes):
+        fixes = {r.name for r in module.ROWS if r.kind == "replaces"}
+        assert all(set(r.needs) <= fixes for r in module.ROWS)  # a fix's read follows that fix
 
 
 def test_every_read_of_this_platform_is_present_on_the_installed_vllm():

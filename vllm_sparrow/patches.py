@@ -9,6 +9,8 @@ glue (v1_runner/) declares beside its code:
                      without patching them: the runner's batch, the attention metadata, ...
   vllm_fixes.py      general vLLM fixes met on the way, each of which SPARROW_DISABLE_PATCHES=name,...
                      turns off
+  verify_fixes.py    general fixes of vLLM's verify step: request parameters that break with any
+                     speculative method (turned off the same way)
 and the reads of the modules both glues share (shared_reads.py, in the V2 runner's table too).
 A row is a patch (patch_helper.Declared, kind "replaces") or a read (patch_helper.Read, kind
 "reads", which replaces nothing). `apply_patches()` checks the vLLM version (one of
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 from . import LOGGER, envs
 from . import shared_reads
-from .v1_runner import method_patches, vllm_fixes, vllm_reads
+from .v1_runner import method_patches, verify_fixes, vllm_fixes, vllm_reads
 from .patch_helper import APPLIED, CHECKS, DECLARED, Declared, Patch, Read, for_version, revert_patches
 from .read_check import (MissingVllmInternals, UnsupportedVllmVersion, check_vllm_version, missing_reads,
                          on_this_platform)
@@ -36,7 +38,8 @@ __all__ = ["APPLIED", "DECLARED", "PATCHES", "Declared", "Patch", "Read", "apply
 
 logger = None  # set by apply_patches (vLLM logger, imported lazily)
 
-PATCHES: tuple[Declared | Read, ...] = method_patches.ROWS + vllm_reads.ROWS + shared_reads.ROWS + vllm_fixes.ROWS
+PATCHES: tuple[Declared | Read, ...] = (method_patches.ROWS + vllm_reads.ROWS + shared_reads.ROWS + vllm_fixes.ROWS
+                                        + verify_fixes.ROWS)
 DECLARED.update((row.name, row) for row in PATCHES)
 
 

@@ -4,7 +4,7 @@ Declared in ROWS beside their code, joined into the one table by patches.py, eac
 off by name (SPARROW_DISABLE_PATCHES).
 
 logprob_token_ids (SamplingParams.logprob_token_ids; the OpenAI server's `logprob_token_ids`):
-the logprobs of token ids the request names, at every output position. vLLM 0.32's rejection
+the logprobs of token ids the request names, at every output position. vLLM 0.32/0.33's rejection
 sampler hands the request's ids to its bonus-token sampler, whose output then holds the named
 ids' logprobs where the verify step expects the bonus rows' whole logits, and it gathers the
 accepted tokens' top-k instead of the named ids: the request fails (HTTP 500; streamed, an error
@@ -103,70 +103,77 @@ def named_ids_logprobs(sampler, asked: dict[int, list[int]], metadata, logits, t
 
 
 def _patch_verify_logit_bias_min_p() -> None:
-    import copy
-
     from vllm.sampling_params import SamplingParams
     from vllm.v1.sample import rejection_sampler as rs
-
-    def make_validate(original: Callable) -> Callable:
-        @functools.wraps(original)
-        def _validate_spec_decode(self, speculative_config):
-            if getattr(speculative_config, "method", None) != "sparrow" or not (self.min_p or self.logit_bias):
-                return original(self, speculative_config)
-            checked = copy.copy(self)  # upstream's other checks (if any) still run
-            checked.min_p, checked.logit_bias = 0.0, None
-            return original(checked, speculative_config)
-
-        return _validate_spec_decode
-
-    def make_processors(original: Callable) -> Callable:
-        @functools.wraps(original)
-        def apply_logits_processors(self, logits, sampling_metadata, metadata):
-            biases = _processor(sampling_metadata, "LogitBiasLogitsProcessor")
-            if biases is not None and biases.biases:
-                add_bias_per_drafted_row(logits, biases.biases, metadata.num_draft_tokens)
-            return original(self, logits, sampling_metadata, metadata)
-
-        return apply_logits_processors
-
-    def make_constraints(original: Callable) -> Callable:
-        @functools.wraps(original)
-        def apply_sampling_constraints(logits, cu_num_draft_tokens, sampling_metadata):
-            min_p = _processor(sampling_metadata, "MinPLogitsProcessor")
-            if sampling_metadata.all_greedy or min_p is None or not min_p.min_p_count:
-                return original(logits, cu_num_draft_tokens, sampling_metadata)
-            # upstream's temperature alone, then min_p, then upstream's top-k / top-p
-            top_k, top_p = sampling_metadata.top_k, sampling_metadata.top_p
-            logits = original(logits, cu_num_draft_tokens,
-                              dataclasses.replace(sampling_metadata, top_k=None, top_p=None))
-            num_tokens = logits.shape[0]
-            cut_min_p(logits, rs.expand_batch_to_tokens(min_p.min_p[:, 0], cu_num_draft_tokens, num_tokens))
-            if top_k is None and top_p is None:
-                return logits
-            expand = (lambda x: None if x is None else rs.expand_batch_to_tokens(x, cu_num_draft_tokens, num_tokens))
-            return rs.apply_top_k_top_p(logits, expand(top_k), expand(top_p))
-
-        return apply_sampling_constraints
-
-    def make_build(original: Callable) -> Callable:
-        @functools.wraps(original)
-        def build_logitsprocs(vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs=()):
-            method = getattr(vllm_config.speculative_config, "method", None)
-            if method != "sparrow" or is_pooling_model or custom_logitsprocs:
-                return original(vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs)
-            # upstream builds min_tokens alone under speculation; the builtins, as without it
-            from vllm.v1.sample.logits_processor import BUILTIN_LOGITS_PROCESSORS, LogitsProcessors
-
-            return LogitsProcessors(ctor(vllm_config, device, is_pin_memory) for ctor in BUILTIN_LOGITS_PROCESSORS)
-
-        return build_logitsprocs
-
     from vllm.v1.worker import gpu_model_runner
 
-    replace_attr("verify-logit-bias-min-p", SamplingParams, "_validate_spec_decode", make_validate)
-    replace_attr("verify-logits-processors", gpu_model_runner, "build_logitsprocs", make_build)
-    replace_attr("verify-logit-bias-rows", rs.RejectionSampler, "apply_logits_processors", make_processors)
-    replace_attr("verify-min-p-rows", rs, "apply_sampling_constraints", make_constraints)
+    replace_attr("verify-logit-bias-min-p", SamplingParams, "_validate_spec_decode", _accepting_for_sparrow)
+    replace_attr("verify-logits-processors", gpu_model_runner, "build_logitsprocs", _building_the_builtins)
+    replace_attr("verify-logit-bias-rows", rs.RejectionSampler, "apply_logits_processors", _biasing_drafted_rows)
+    replace_attr("verify-min-p-rows", rs, "apply_sampling_constraints", _cutting_drafted_rows)
+
+
+def _accepting_for_sparrow(original: Callable) -> Callable:
+    import copy
+
+    @functools.wraps(original)
+    def _validate_spec_decode(self, speculative_config):
+        if getattr(speculative_config, "method", None) != "sparrow" or not (self.min_p or self.logit_bias):
+            return original(self, speculative_config)
+        checked = copy.copy(self)  # upstream's other checks (if any) still run
+        checked.min_p, checked.logit_bias = 0.0, None
+        return original(checked, speculative_config)
+
+    return _validate_spec_decode
+
+
+def _building_the_builtins(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def build_logitsprocs(vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs=()):
+        method = getattr(vllm_config.speculative_config, "method", None)
+        if method != "sparrow" or is_pooling_model or custom_logitsprocs:
+            return original(vllm_config, device, is_pin_memory, is_pooling_model, custom_logitsprocs)
+        # upstream builds min_tokens alone under speculation; the builtins, as without it
+        from vllm.v1.sample.logits_processor import BUILTIN_LOGITS_PROCESSORS, LogitsProcessors
+
+        return LogitsProcessors(ctor(vllm_config, device, is_pin_memory) for ctor in BUILTIN_LOGITS_PROCESSORS)
+
+    return build_logitsprocs
+
+
+def _biasing_drafted_rows(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def apply_logits_processors(self, logits, sampling_metadata, metadata):
+        biases = _processor(sampling_metadata, "LogitBiasLogitsProcessor")
+        if biases is not None and biases.biases:  # before upstream's penalties, as the plain sampler
+            add_bias_per_drafted_row(logits, biases.biases, metadata.num_draft_tokens)
+        return original(self, logits, sampling_metadata, metadata)
+
+    return apply_logits_processors
+
+
+def _cutting_drafted_rows(original: Callable) -> Callable:
+    from vllm.v1.sample import rejection_sampler as rs
+
+    @functools.wraps(original)
+    def apply_sampling_constraints(logits, cu_num_draft_tokens, sampling_metadata):
+        min_p = _processor(sampling_metadata, "MinPLogitsProcessor")
+        if sampling_metadata.all_greedy or min_p is None or not min_p.min_p_count:
+            return original(logits, cu_num_draft_tokens, sampling_metadata)
+        # upstream's temperature alone, then min_p, then upstream's top-k / top-p
+        top_k, top_p = sampling_metadata.top_k, sampling_metadata.top_p
+        logits = original(logits, cu_num_draft_tokens, dataclasses.replace(sampling_metadata, top_k=None, top_p=None))
+        num_tokens = logits.shape[0]
+
+        def per_row(x):  # [batch] -> [num_tokens]
+            return None if x is None else rs.expand_batch_to_tokens(x, cu_num_draft_tokens, num_tokens)
+
+        cut_min_p(logits, per_row(min_p.min_p[:, 0]))
+        if top_k is None and top_p is None:
+            return logits
+        return rs.apply_top_k_top_p(logits, per_row(top_k), per_row(top_p))
+
+    return apply_sampling_constraints
 
 
 def _processor(sampling_metadata, name: str):

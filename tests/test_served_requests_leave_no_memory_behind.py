@@ -15,8 +15,8 @@ speculation's engine grows by about +570 KiB of Python objects (vLLM's own, abou
 900 requests: it does not grow with them) and -1 KiB of tensors, Sparrow's by 8 to 59 KiB more
 objects and -4 KiB of tensors. Over 900 requests a drafter keeping a copy of each released
 request's ring grew +37 MiB of tensors and a 2 KiB array kept per released request +2.0 MiB of
-objects; over these 400, a 2 KiB tensor kept per released request grows +947 KiB of tensors
-(and +370 KiB of objects, the tensors' own). 1,000 requests took twice the time and caught
+objects; over these 400, the ring copy grows +16.5 MiB of tensors, and a 2 KiB tensor kept per
+released request +947 KiB (and +370 KiB of objects, the tensors' own). 1,000 requests took twice the time and caught
 nothing more. The soak over a real server (benchmarks/server_soak.py: RSS, whose phase-to-phase noise
 without speculation is tens of MiB) stays a benchmark.
 """

@@ -24,7 +24,8 @@ def test_a_requests_bias_lands_on_its_drafted_rows_only():
     assert torch.equal(logits, expected)
 
 
-def test_min_p_cuts_what_the_plain_sampler_cuts():
+def test_min_p_cuts_each_row_below_its_min_p_times_its_most_likely_token():
+    """vLLM's MinPLogitsProcessor rule, row by row, each row with its own min_p (0: nothing cut)."""
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(6, VOCAB, generator=g) * 3
     min_p = torch.tensor([0.0, 0.1, 0.1, 0.5, 0.9, 0.1])
@@ -33,7 +34,7 @@ def test_min_p_cuts_what_the_plain_sampler_cuts():
     probs = logits.softmax(-1)
     keep = probs >= probs.max(-1, keepdim=True).values * min_p[:, None]
     assert torch.equal(torch.isinf(cut), ~keep) and torch.equal(cut[keep], logits[keep])
-    assert keep.sum(-1).tolist()[0] == VOCAB and all(k >= 1 for k in keep.sum(-1).tolist())
+    assert not torch.isinf(cut[0]).any() and torch.isinf(cut[4]).any()
 
 
 class _Sampler:

@@ -10,6 +10,11 @@
 # sizes that cache from --max-num-batched-tokens (or its own estimate of the largest video, when
 # larger). 32768 holds every bundled clip (world_384s.mp4 is 6,144 visual tokens) and a 7B target's
 # ~25k-token long videos; pass a larger --max-num-batched-tokens for longer ones.
+# Exactness: in float32 greedy answers are the target's token for token, and sampled ones follow its
+# distribution. vLLM serves in the checkpoint's dtype on a GPU (bfloat16 for Qwen-VL) and a float32
+# checkpoint in bfloat16 on its CPU build; in bfloat16 the verify step scores a request's tokens in
+# another batch shape than a plain decode step does, so a near-tie can flip, as it does when the
+# target alone is batched differently. Pass --dtype float32 for token-for-token answers.
 # Depth: the draft's recommended one (its config.json); add "num_speculative_tokens": K to the
 # speculative config to change it.
 # Needs the project's venv active (`make setup`, then `. .venv/bin/activate`). On vLLM's CPU build

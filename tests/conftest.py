@@ -43,6 +43,9 @@ _one_openmp_thread_per_engine()
 import pytest
 from kinds import BUDGET_S, GROUPS, HELP, KIND_ORDER, KINDS, UNIT_ORDER
 
+from support.shared_servers import KIND as SERVED_KIND
+from support.shared_servers import UNIT_SERVERS, v1_server, v2_server
+
 from sparrow_world.tiny_targets import build_tiny_target, make_prompt
 from vllm_sparrow.releases import V2, release
 
@@ -110,6 +113,16 @@ def _unit_rank(stem: str) -> tuple[int, int]:
     if unit in UNIT_ORDER:
         return (0, UNIT_ORDER.index(unit))
     return (1, KIND_ORDER.index(KINDS[stem]))
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """The servers a unit shares (support/shared_servers.py) stop after its last test."""
+    if nextitem is None or _unit(nextitem.path.stem) != _unit(item.path.stem):
+        UNIT_SERVERS.close()
+
+
+def pytest_sessionfinish(session):
+    UNIT_SERVERS.close()  # -x stops a run inside a unit: no server outlives it
 
 
 _KIND_SECONDS: dict[str, float] = {}  # kind -> seconds of its tests' set-up, call and teardown this run
@@ -342,6 +355,28 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float) -
         except OSError:
             time.sleep(1)
     raise TimeoutError(f"vllm serve not healthy after {timeout}s:\n{log.read_text()[-4000:]}")
+
+
+@pytest.fixture
+def plain_server(workdir, target_dirs):
+    """The tiny target served without speculation, shared by the files of its unit."""
+    return v1_server(workdir, target_dirs(SERVED_KIND), None)
+
+
+@pytest.fixture
+def sparrow_server(workdir, target_dirs, trained_drafts):
+    """The tiny target served with Sparrow and its trained draft, shared by the files of its unit."""
+    return v1_server(workdir, target_dirs(SERVED_KIND), trained_drafts(SERVED_KIND))
+
+
+@pytest.fixture
+def v2_plain_server(workdir, target_dirs):
+    return v2_server(workdir, target_dirs(SERVED_KIND), None)
+
+
+@pytest.fixture
+def v2_sparrow_server(workdir, target_dirs, trained_drafts):
+    return v2_server(workdir, target_dirs(SERVED_KIND), trained_drafts(SERVED_KIND))
 
 
 def close_llm(llm):

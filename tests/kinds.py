@@ -24,6 +24,7 @@ KINDS = {
     "test_documented_commands_parse": "fast",
     "test_gpu_check_runs_without_vllm": "fast",
     "test_sampled_drafts_keep_q_where_vllm_reads_it": "fast",
+    "test_seeded_drafts_repeat_whatever_shares_their_step": "fast",
     "test_draft_cache_matches_dense_reference": "fast",
     "test_drafts_past_32768_positions_match_the_dense_reference": "fast",
     "test_environment_is_read_in_one_place": "fast",
@@ -102,6 +103,7 @@ KINDS = {
     "test_openai_server_with_sparrow": "server",
     "test_plugin_never_stops_vllm": "server",
     "test_readme_shell_examples_run_as_written": "server",
+    "test_request_parameters_behave_as_without_sparrow": "server",
     "test_video_decoding_is_bounded": "server",
     # demo
     "test_confidence_calibration_benchmark_runs": "demo",
@@ -123,6 +125,7 @@ KINDS = {
     "test_v2_runner_registers_sparrow_through_vllms_registry": "v2_runner",
     "test_v2_runner_greedy_outputs_are_the_targets": "v2_runner",
     "test_v2_runner_sampled_outputs_follow_the_targets_distribution": "v2_runner",
+    "test_v2_runner_request_parameters_behave_as_without_sparrow": "v2_runner",
     "test_v2_runner_server_answers_video_chats_with_sparrow": "v2_runner",
     "test_v2_speculator_drafts_like_the_dense_reference": "v2_runner",
 }
@@ -130,11 +133,17 @@ KINDS = {
 # `make test` runs two pytest-xdist workers (JOBS in the Makefile): a worker takes one unit at a
 # time, a unit being one test file, or a group of files below that must share one worker: the Ray
 # files (one local Ray cluster at a time on this machine)
-# and the two readers of the session's `sparrow bench --quick` (conftest's quick_bench, run once).
+# the two readers of the session's `sparrow bench --quick` (conftest's quick_bench, run once),
+# and the files that share servers (support/shared_servers.py: started once, stopped after them).
 GROUPS = {
     "ray": ["test_ray_caption_equals_one_process_caption",
             "test_ray_capture_equals_engine_capture", "test_ray_extra_installs_beside_vllm"],
     "quick_bench": ["test_demo_models_caption_and_accept", "test_long_video_benchmark"],
+    # the two `vllm serve` processes of support/shared_servers.py, with and without Sparrow
+    "servers": ["test_local_media_without_allowed_path_gets_a_400", "test_openai_server_with_sparrow",
+                "test_request_parameters_behave_as_without_sparrow"],
+    "v2_servers": ["test_v2_runner_request_parameters_behave_as_without_sparrow",
+                   "test_v2_runner_server_answers_video_chats_with_sparrow"],
 }
 
 # Workers take units in this order: the long ones first (these, longest first as measured, then

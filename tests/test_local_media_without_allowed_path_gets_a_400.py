@@ -2,30 +2,19 @@
 that names the flag, and the server answers the next request on the same client (patch
 local-media-errors; vLLM 0.32 answered a 500 and dropped the connection).
 
-A server of its own, without speculation: the flag is what matters (the sparrow server of
-test_openai_server_with_sparrow.py is started with it), and the fix is in vLLM's media loading,
-which every server shares."""
-
-import json
+The server without speculation the unit shares (support/shared_servers.py), started without the
+flag: the flag is what matters (the sparrow server is started with it), and the fix is in vLLM's
+media loading, which every server shares."""
 
 import openai
 import pytest
-from conftest import vllm_server
 
 from sparrow_world.synthetic_clip import write_synthetic_clip
 
-KIND = "qwen2_5_vl"
 
-
-@pytest.fixture(scope="module")
-def server(workdir, target_dirs):
-    target = target_dirs(KIND)
-    args = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048",
-            "--media-io-kwargs", json.dumps({"video": {"backend": "pyav", "num_frames": 4}}),
-            "--limit-mm-per-prompt", json.dumps({"video": 1, "image": 1})]
-    with vllm_server(target, args, workdir / "server-no-local-media.log", {"VLLM_CPU_KVCACHE_SPACE": "1"}) as (url, _):
-        # no retries: the openai client would otherwise resend a request answered with a 5xx
-        yield dict(client=openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0), model=str(target))
+@pytest.fixture
+def server(plain_server):
+    return plain_server
 
 
 def _ask(server, content):

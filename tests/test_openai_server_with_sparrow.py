@@ -5,41 +5,26 @@ output, bad input gets a 4xx naming the problem while the server keeps serving, 
 Prometheus spec-decode counters move."""
 
 import base64
-import json
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import openai
 import pytest
-from conftest import TRAINED_TEXTS, close_llm, make_llm, vllm_server
+from conftest import TRAINED_TEXTS, close_llm, make_llm
 from support.heavy_video import frames, peak_rss_mib
+from support.shared_servers import MAX_FRAMES
 from vllm import SamplingParams
 
 from sparrow_world.synthetic_clip import write_synthetic_clip
 
-KIND = "qwen2_5_vl"
 MAX_TOKENS = 16
-MAX_FRAMES = 600  # the server's pyav max_frames
-MAX_FRAME_PIXELS = 10_000_000  # the server's VLLM_MAX_IMAGE_PIXELS: 4K (8.3 MP) passes
 
 
-@pytest.fixture(scope="module")
-def server(workdir, target_dirs, trained_drafts):
-    target, draft = target_dirs(KIND), trained_drafts(KIND)
-    media = workdir / "server-media"
-    media.mkdir(exist_ok=True)
-    clip = write_synthetic_clip(media / "clip.mp4", 16, seed=7)
-    spec = {"method": "sparrow", "model": str(draft), "num_speculative_tokens": 3}
-    args = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048",
-            "--speculative-config", json.dumps(spec), "--allowed-local-media-path", str(media),
-            "--media-io-kwargs", json.dumps({"video": {"backend": "pyav", "num_frames": 8, "max_frames": MAX_FRAMES}}),
-            "--limit-mm-per-prompt", json.dumps({"video": 1, "image": 1}),
-            "--per-request-spec-decode-metrics", "summary"]
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_MAX_IMAGE_PIXELS": str(MAX_FRAME_PIXELS)}
-    with vllm_server(target, args, workdir / "server.log", env) as (url, proc):
-        yield dict(url=url, client=openai.OpenAI(base_url=url + "/v1", api_key="none"),
-                   model=str(target), clip=clip, target=target, pid=proc.pid)
+@pytest.fixture
+def server(sparrow_server):
+    """The unit's Sparrow server (support/shared_servers.py), local media read from its clip's folder."""
+    return sparrow_server
 
 
 def _video_part(url):

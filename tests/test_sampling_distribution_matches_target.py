@@ -3,7 +3,9 @@ probabilistic drafting, and greedy requests batched with sampled ones stay exact
 probabilities handed to vLLM's rejection sampler are the distribution each draft token is
 drawn from: checked directly on the sampler (20,000 draws per temperature), and in the engine
 (every probabilistic draft's q equals softmax(draft logits / T) of its request, and the drawn
-tokens follow q: probability integral transform, Kolmogorov-Smirnov).
+tokens follow q: probability integral transform, Kolmogorov-Smirnov). Seeded requests, whose
+probabilistic drafts draw noise keyed by seed and position, give the same output alone and
+batched among others.
 
 This caught a vLLM 0.32 CPU bug (patch cpu-expand-kernel-dtype): the rejection sampler's
 per-token temperatures were uninitialised memory, so every T > 0 spec-decode run sampled from a
@@ -59,6 +61,16 @@ def _run(llm, target, seed0: int):
     return tokens[:N], tokens[N:], {o.request_id for o in outs[:N]}
 
 
+def _seeded_requests(llm, target):
+    """Two seeded T = 0.8 requests, each alone, then batched among unseeded ones."""
+    prompt = make_prompt(KIND, target, TRAINED_TEXTS[0], None)
+    seeded = [SamplingParams(temperature=0.8, max_tokens=24, seed=s, ignore_eos=True) for s in (11, 12)]
+    alone = [list(llm.generate([prompt], p, use_tqdm=False)[0].outputs[0].token_ids) for p in seeded]
+    others = [SamplingParams(temperature=0.8, max_tokens=24, ignore_eos=True)] * 6
+    outs = llm.generate([prompt] * 8, [seeded[0], *others, seeded[1]], use_tqdm=False)
+    return alone, [list(outs[0].outputs[0].token_ids), list(outs[-1].outputs[0].token_ids)]
+
+
 @pytest.fixture(scope="module")
 def reference(target_dirs):
     target = target_dirs(KIND)
@@ -112,6 +124,7 @@ def test_sampled_tokens_follow_the_target_distribution(draft_sample_method, refe
             record_drafter_inputs(llm)
         samples, greedy, sampled_ids = _run(llm, target, 1_000_000)
         counters = spec_counters(llm)
+        repeats = _seeded_requests(llm, target) if draft_sample_method == "probabilistic" else None
         steps = drafter_inputs(llm) if draft_sample_method == "probabilistic" else None
     finally:
         close_llm(llm)
@@ -127,3 +140,6 @@ def test_sampled_tokens_follow_the_target_distribution(draft_sample_method, refe
         assert stat < chi2_critical(df), f"token {pos}: chi2={stat:.1f} df={df}"
     if steps is not None:
         _check_engine_draft_probabilities(steps, sampled_ids)
+    if repeats is not None:  # drafts drawn from noise keyed by seed and position (drafting/noise.py)
+        alone, batched = repeats
+        assert alone == batched, "a seeded request's output must not depend on what shares its steps"

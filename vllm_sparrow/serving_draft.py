@@ -26,6 +26,7 @@ from .checkpoint import load_draft
 from .draft_vocab import SubsetLogits, load_vocab
 from .drafter import SparrowDrafter
 from .drafting.choice import DraftingChoice, choose_drafting
+from .drafting.noise import RequestNoise
 from .drafting.sampling import QStore, Sampled, Sampler, greedy
 from .drafting.step import Drafts, DraftingStrategy, StepBatch
 from .host_memory import DEFAULT_INTERVAL_S, HostMemoryReturner
@@ -48,7 +49,7 @@ class ServingDraft:
     drafter: SparrowDrafter
     drafting: DraftingStrategy
     layouts: PromptLayouts  # each live request's visual placeholder spans (the glue records them)
-    generator: torch.Generator  # sampled drafts' noise, seeded by the engine's seed
+    generator: torch.Generator  # sampled drafts' noise without per-request seeds, seeded by the engine's seed
     host_memory: HostMemoryReturner  # gives freed host pages back as requests end
 
     @property
@@ -60,9 +61,10 @@ class ServingDraft:
         request by the chosen strategy."""
         return self.drafting.step(self.drafter, batch, num_draft, sample)
 
-    def sampled(self, temperature: torch.Tensor, store: QStore) -> Sampled:
-        """A step's sampled draft (temperature [>= B] by batch row), q kept in the runner's store."""
-        return Sampled(temperature, self.generator, store)
+    def sampled(self, temperature: torch.Tensor, store: QStore, noise: RequestNoise | None = None) -> Sampled:
+        """A step's sampled draft (temperature [>= B] by batch row), q kept in the runner's store;
+        its noise keyed by request where the glue gives a RequestNoise, else the engine's."""
+        return Sampled(temperature, noise if noise is not None else self.generator, store)
 
     def profile(self, num_tokens: int, num_requests: int, num_draft: int, store: QStore | None = None) -> int:
         """vLLM's memory profile: the largest step, drafted as the engine drafts, every request

@@ -33,6 +33,8 @@ from typing import Protocol
 
 import torch
 
+from .noise import RequestNoise
+
 GREEDY_TEMPERATURE = 1e-5  # vLLM's threshold: a request at a lower temperature is greedy
 
 
@@ -77,12 +79,15 @@ class QStore(Protocol):
 
 class Sampled:
     """The sampled draft: row b drawn from q_b, which `store` keeps for vLLM's rejection sampler.
-    temperature: [>= B] per request (batch order)."""
+    temperature: [>= B] per request (batch order). noise: the race's Exp(1) noise, a RequestNoise
+    (keyed by each request's seed and position: seeded requests repeat, drafting/noise.py) or a
+    torch.Generator (the engine's stream; None: torch's default)."""
 
     is_greedy = False
 
-    def __init__(self, temperature: torch.Tensor, generator: torch.Generator, store: QStore) -> None:
-        self.temperature, self.generator, self.store = temperature, generator, store
+    def __init__(self, temperature: torch.Tensor, noise: torch.Generator | RequestNoise | None,
+                 store: QStore) -> None:
+        self.temperature, self.noise, self.store = temperature, noise, store
 
     def __call__(self, logits: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
         temp = self.temperature[: logits.shape[0]].float()  # [B]
@@ -91,7 +96,10 @@ class Sampled:
         q = self.store.distribution(logits, torch.where(is_greedy, 1.0, temp), is_greedy, position)  # [B, Vd]
         # Exponential race: argmax(q / E), E ~ Exp(1), is a draw from q, without torch.multinomial's
         # host-side checks; the noise buffer becomes q / E in place (one [B, Vd] temporary).
-        race = torch.empty_like(q).exponential_(generator=self.generator)
+        if isinstance(self.noise, RequestNoise):
+            race = self.noise.exponential(q, position)
+        else:
+            race = torch.empty_like(q).exponential_(generator=self.noise)
         ids = torch.where(is_greedy, argmax, race.reciprocal_().mul_(q).argmax(-1))  # [B]
         one_hot_rows(q, is_greedy, argmax)
         return ids, q
@@ -100,9 +108,10 @@ class Sampled:
         return self.store.kept(batch, num_draft)
 
 
-def sampled(temperature: torch.Tensor, generator: torch.Generator, store: QStore | None = None) -> Sampled:
+def sampled(temperature: torch.Tensor, noise: torch.Generator | RequestNoise | None,
+            store: QStore | None = None) -> Sampled:
     """A Sampled draft; without a store, q is kept in a HeldQ (tests and tools)."""
-    return Sampled(temperature, generator, store if store is not None else HeldQ())
+    return Sampled(temperature, noise, store if store is not None else HeldQ())
 
 
 def one_hot_rows(q: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> None:

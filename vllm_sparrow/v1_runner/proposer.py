@@ -17,6 +17,7 @@ import torch
 from vllm.v1.spec_decode.eagle import EagleProposer
 
 from ..drafter import SparrowDrafter
+from ..drafting.noise import RequestNoise
 from ..drafting.sampling import Sampler, greedy
 from ..drafting.step import StepBatch
 from ..patch_helper import APPLIED
@@ -112,7 +113,7 @@ class SparrowProposer(EagleProposer):
             target_token_ids, target_hidden_states, next_token_ids,
             common_attn_metadata, num_rejected_tokens_gpu,
         )
-        drafts = self.served.step(batch, num_speculative_tokens, self._sampler(sampling_metadata))
+        drafts = self.served.step(batch, num_speculative_tokens, self._sampler(sampling_metadata, batch))
         self._last_draft_probs = drafts.probs  # a view of q_buffer (sampled steps), else None
         # Adaptive length: vLLM's scheduler schedules exactly each request's kept drafts to verify
         # (read back to the host, as vLLM's non-async path does anyway).
@@ -155,7 +156,20 @@ class SparrowProposer(EagleProposer):
             text_rows=None if decoding else layouts.text_rows(req_ids, computed, qlen, prompt),
         )
 
-    def _sampler(self, md) -> Sampler:
+    def _sampler(self, md, batch: StepBatch) -> Sampler:
         if self.q_buffer is None or md.all_greedy:
             return greedy
-        return self.served.sampled(md.temperature, self.q_buffer)
+        return self.served.sampled(md.temperature, self.q_buffer, self._seeded_noise(md, batch))
+
+    def _seeded_noise(self, md, batch: StepBatch) -> RequestNoise | None:
+        """Noise keyed by seed and position when a request of the step has a seed (vLLM 0.32 keeps
+        a generator, seeded with it, per such request: md.generators by batch row), so its drafts
+        and output repeat; the other rows get seeds drawn from the engine's stream. None (the
+        engine's stream for all) when no request has one."""
+        if not md.generators:
+            return None
+        generator = self.served.generator  # on the draft's device
+        seeds = torch.randint(0, 2**62, (batch.num_valid.shape[0],), generator=generator, device=generator.device)  # [B]
+        rows = list(md.generators)
+        seeds[rows] = torch.tensor([md.generators[r].initial_seed() for r in rows], device=seeds.device)
+        return RequestNoise(seeds, batch.seq_start + batch.num_valid)

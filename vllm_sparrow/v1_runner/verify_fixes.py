@@ -13,6 +13,14 @@ ids, and the named ids' logprobs are gathered from the rows the top-k would be, 
 the step without speculation uses (Sampler.gather_specific_token_logprobs), so they are the
 no-speculation step's.
 
+Named ids beside top-k logprobs in one batch: vLLM 0.32/0.33's sampler, when any request of a
+step names ids, answers every request of the step with the named ids' gather ("prefer
+logprob_token_ids"), so a request asking `top_logprobs` batched beside one naming ids gets the
+sampled token and padding (-9999 over HTTP) instead of its top-k, with speculation or without;
+which requests meet depends on timing. Here each row gets what its request asked
+(logprobs_per_request), in the plain sampler (fix `mixed-logprobs`) and in the verify step above,
+as vLLM 0.34 answers them.
+
 logit_bias and min_p: vLLM refuses both with any speculative method ("not yet supported with
 speculative decoding", HTTP 400): under speculation it builds neither's logits processor, and its
 verify step would apply neither to the drafted positions' rows (the bonus row goes through the
@@ -66,7 +74,8 @@ def _patch_verify_logprob_token_ids() -> None:
             if asked is None:
                 return original(self, max_num_logprobs, metadata, logits, target_logits, bonus_logits,
                                 sampled_token_ids)
-            return named_ids_logprobs(self, asked, metadata, logits, target_logits, bonus_logits, sampled_token_ids)
+            return named_ids_logprobs(self, asked, max_num_logprobs, metadata, logits, target_logits, bonus_logits,
+                                      sampled_token_ids)
 
         return _get_logprobs_tensors
 
@@ -74,10 +83,11 @@ def _patch_verify_logprob_token_ids() -> None:
     replace_attr("verify-logprob-token-ids-rows", RejectionSampler, "_get_logprobs_tensors", make_logprobs)
 
 
-def named_ids_logprobs(sampler, asked: dict[int, list[int]], metadata, logits, target_logits, bonus_logits,
-                       sampled_token_ids):
+def named_ids_logprobs(sampler, asked: dict[int, list[int]], num_topk: int, metadata, logits, target_logits,
+                       bonus_logits, sampled_token_ids):
     """The logprobs of each request's named ids (and of its sampled token, column 0) at each of its
-    output positions, as LogprobsTensors with one row per (request, position), request-major.
+    output positions, as LogprobsTensors with one row per (request, position), request-major; a
+    request that names none gets its position's `num_topk` most likely tokens instead.
 
     The verify step's logits rows: request r's drafts' rows, then its bonus row. With 2 requests
     drafting 2 and 1 tokens, logits rows are [d0 d1 b0 | d0 b1] and cu_num_sampled_tokens is
@@ -99,7 +109,74 @@ def named_ids_logprobs(sampler, asked: dict[int, list[int]], metadata, logits, t
     chosen = final[rows]  # [batch * width, vocab]
     logprobs = chosen if sampler.is_logits_logprobs_mode else sampler.sampler.compute_logprobs(chosen)
     per_row = {r * width + j: ids for r, ids in asked.items() for j in range(width)}
-    return sampler.sampler.gather_specific_token_logprobs(logprobs, per_row, tokens)
+    return logprobs_per_request(logprobs, per_row, tokens, num_topk)
+
+
+def logprobs_per_request(logprobs, named: dict[int, list[int]], sampled, num_topk: int):
+    """LogprobsTensors of `logprobs` [rows, vocab] as each row's request asked: column 0 the sampled
+    token's (sampled [rows]); then a row in `named` (row: ids) the named ids', and every other row
+    its num_topk most likely tokens' (vLLM's gather_logprobs: torch.topk); columns past what a row
+    asked hold id 0 at -inf (the output processor reads a request's first 1 + num_logprobs).
+    Rows {0: [7, 9]} and num_topk 1: ids [[s0, 7, 9], [s1, top1, 0]], logprobs of the last -inf."""
+    import torch
+    from vllm.v1.outputs import LogprobsTensors
+    from vllm.v1.sample.ops.logprobs import batched_count_greater_than
+
+    rows, device = logprobs.shape[0], logprobs.device
+    num_topk = 0 if len(named) == rows else num_topk  # every row named: no top-k to compute
+    width = 1 + max([num_topk, *map(len, named.values())])
+    named_ids = torch.zeros(rows, width, dtype=torch.int64)  # [rows, width], built on the host
+    named_valid = torch.zeros(rows, width, dtype=torch.bool)
+    is_named = torch.zeros(rows, 1, dtype=torch.bool)
+    for r, ids in named.items():
+        named_ids[r, 1:1 + len(ids)] = torch.as_tensor(ids, dtype=torch.int64)
+        named_valid[r, :1 + len(ids)] = True
+        is_named[r] = True
+    top_ids = torch.zeros(rows, width, dtype=torch.int64, device=device)  # [rows, width]
+    top_valid = torch.zeros(rows, width, dtype=torch.bool, device=device)
+    top_valid[:, :1 + num_topk] = True
+    if num_topk:
+        top_ids[:, 1:1 + num_topk] = torch.topk(logprobs, num_topk, dim=-1).indices
+    is_named = is_named.to(device)
+    ids = torch.where(is_named, named_ids.to(device), top_ids)
+    valid = torch.where(is_named, named_valid.to(device), top_valid)
+    ids[:, 0] = sampled
+    values = logprobs.gather(-1, ids).masked_fill(~valid, float("-inf"))  # [rows, width]
+    ranks = batched_count_greater_than(logprobs, values[:, :1])  # [rows], the sampled token's rank
+    return LogprobsTensors(logprob_token_ids=ids.to(torch.int32), logprobs=values, selected_token_ranks=ranks)
+
+
+_NUM_TOPK = "_sparrow_num_logprobs"  # the step's max_num_logprobs, set on the sampler while forward runs
+
+
+def _patch_mixed_logprobs() -> None:
+    from vllm.v1.sample.sampler import Sampler
+
+    def make_forward(original: Callable) -> Callable:
+        @functools.wraps(original)
+        def forward(self, logits, sampling_metadata, *args, **kwargs):
+            if not sampling_metadata.logprob_token_ids:
+                return original(self, logits, sampling_metadata, *args, **kwargs)
+            setattr(self, _NUM_TOPK, sampling_metadata.max_num_logprobs or 0)
+            try:
+                return original(self, logits, sampling_metadata, *args, **kwargs)
+            finally:
+                delattr(self, _NUM_TOPK)
+
+        return forward
+
+    def make_gather(original: Callable) -> Callable:
+        @functools.wraps(original)
+        def gather_specific_token_logprobs(self, logprobs, logprob_token_ids, sampled):
+            num_topk = getattr(self, _NUM_TOPK, None)
+            if not logprob_token_ids or num_topk is None:
+                return original(self, logprobs, logprob_token_ids, sampled)
+            return logprobs_per_request(logprobs, logprob_token_ids, sampled, num_topk)
+
+        return gather_specific_token_logprobs
+
+    replace_attr("mixed-logprobs", Sampler, "forward", make_forward)
+    replace_attr("mixed-logprobs-rows", Sampler, "gather_specific_token_logprobs", make_gather)
 
 
 def _patch_verify_logit_bias_min_p() -> None:
@@ -219,6 +296,9 @@ _WHY = ("a request naming token ids whose logprobs it wants (logprob_token_ids) 
         "method (HTTP 500; streamed, \"list index out of range\"): the bonus-token sampler returned the named ids' "
         "logprobs where the verify step reads whole rows; it runs without them, and the accepted tokens' logprobs "
         "are gathered at the named ids as without speculation")
+_WHY_MIXED = ("a request asking top_logprobs got the sampled token and padding instead when a request naming "
+              "token ids (logprob_token_ids) shared its step: the sampler answered the whole step with the named "
+              "ids' gather; each row now gets what its request asked")
 _WHY_BIAS = ("logit_bias and min_p were refused with speculative decoding (HTTP 400); for the sparrow method "
              "they are accepted and applied to every drafted position's row of the verify step as the plain "
              "sampler applies them (the bonus row's sampler already does), so output follows the biased, cut "
@@ -235,9 +315,19 @@ ROWS: tuple[Declared | Read, ...] = (
          "logprobs reported as logits (vLLM's logprobs_mode)", "instance", needs=("verify-logprob-token-ids",)),
     Read(f"{_RS}.PLACEHOLDER_TOKEN_ID", "verify-logprob-token-ids", "a rejected position's token id", "class",
          needs=("verify-logprob-token-ids",)),
-    Read("vllm.v1.sample.sampler.Sampler.gather_specific_token_logprobs", "verify-logprob-token-ids",
-         "the named ids' logprobs, as the step without speculation gathers them", "class",
+    Read("vllm.v1.sample.ops.logprobs.batched_count_greater_than", "verify-logprob-token-ids",
+         "the sampled token's rank, as vLLM counts it", "class", needs=("verify-logprob-token-ids",)),
+    Read("vllm.v1.outputs.LogprobsTensors", "verify-logprob-token-ids",
+         "the logprobs handed to the output processor (ids, logprobs, ranks)", "class",
          needs=("verify-logprob-token-ids",)),
+    # two attributes, one fix
+    Declared("mixed-logprobs", "vllm.v1.sample.sampler.Sampler.forward", "fix", "any", _WHY_MIXED,
+             _patch_mixed_logprobs, needs=("mixed-logprobs-rows",)),
+    Declared("mixed-logprobs-rows", "vllm.v1.sample.sampler.Sampler.gather_specific_token_logprobs", "fix", "any",
+             "each row's named ids or top-k, as its request asked (with mixed-logprobs)", _patch_mixed_logprobs,
+             needs=("mixed-logprobs",)),
+    Read("vllm.v1.sample.metadata.SamplingMetadata.max_num_logprobs", "mixed-logprobs",
+         "the most top-k logprobs a request of the step asks", "field", needs=("mixed-logprobs",)),
     Read("vllm.v1.sample.metadata.SamplingMetadata.logprob_token_ids", "verify-logprob-token-ids",
          "each request's named ids, by its index in the batch", "field", needs=("verify-logprob-token-ids",)),
     Read("vllm.v1.spec_decode.metadata.SpecDecodeMetadata.cu_num_sampled_tokens", "verify-logprob-token-ids",

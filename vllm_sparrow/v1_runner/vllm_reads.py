@@ -52,6 +52,8 @@ ROWS: tuple[Read, ...] = (
          "field"),
     Read(f"{_SAMPLING}.all_greedy", _PROPOSER, "greedy drafting when every request is greedy", "field"),
     Read(f"{_SAMPLING}.temperature", _PROPOSER, "[B] temperatures for sampled drafts", "field"),
+    Read(f"{_SAMPLING}.generators", _PROPOSER,
+         "{batch row: torch.Generator seeded with the request's seed}: seeded requests' draft noise", "field"),
     # proposer.py: what the EagleProposer base sets up (SpecDecodeBaseProposer.__init__)
     Read(f"{_EAGLE}.vllm_config", _PROPOSER, "the engine's config (scheduler, model, parallel, compilation)",
          "instance"),

@@ -35,6 +35,7 @@ from vllm.v1.worker.gpu.spec_decode.acceptance_estimator import OnlineAcceptance
 from vllm.v1.worker.gpu.spec_decode.speculator import DraftModelSpeculator
 
 from .. import envs
+from ..drafting.noise import RequestNoise
 from ..drafting.sampling import greedy
 from ..serving_draft import ServingDraft, load_serving_draft
 from .confidences import ConfidenceRecorder, start_from_draft_probabilities
@@ -159,14 +160,18 @@ class SparrowSpeculator(DraftModelSpeculator):
             self.idx_mapping[:n].copy_(slots)
             self.idx_mapping[n:].fill_(-1)
             self.temperature.copy_(temperature)
-        sample = self.greedy if self.draft_logits is None else self._sampled(temperature[slots], slots)
+        sample = self.greedy if self.draft_logits is None else self._sampled(temperature[slots], slots, seeds[slots], batch)
         out[:, :K].copy_(self.served.step(batch, K, sample).ids)
         return out
 
-    def _sampled(self, temp: torch.Tensor, slots: torch.Tensor):
-        """The sampled draft of a step (temp [B] by batch row, vLLM's is by slot), behind the
-        confidence recorder when the runner reads confidences."""
-        sample = self.served.sampled(temp, LogitRows(self.draft_logits.values, slots, self.served.drafter.vocab_ids))
+    def _sampled(self, temp: torch.Tensor, slots: torch.Tensor, seeds: torch.Tensor, batch):
+        """The sampled draft of a step (temp, seeds [B] by batch row, vLLM's are by slot), its
+        noise keyed by each request's seed and position (vLLM gives every request a seed: a
+        seeded request's drafts, and so its output, repeat), behind the confidence recorder when
+        the runner reads confidences."""
+        noise = RequestNoise(seeds, batch.seq_start + batch.num_valid)  # [B] each one's next position
+        store = LogitRows(self.draft_logits.values, slots, self.served.drafter.vocab_ids)
+        sample = self.served.sampled(temp, store, noise)
         return sample if self.recorder is None else self.recorder.around(sample)
 
     def _profile_store(self) -> LogitRows | None:

@@ -106,6 +106,7 @@ KINDS = {
     "test_request_parameters_behave_as_without_sparrow": "server",
     "test_video_decoding_is_bounded": "server",
     # demo
+    "test_bfloat16_divergence_is_the_targets_own": "demo",
     "test_confidence_calibration_benchmark_runs": "demo",
     "test_draft_step_cache_benchmark": "demo",
     "test_deep_drafts_are_lossless": "demo",

@@ -93,6 +93,7 @@ KINDS = {
     "test_train_resume_is_exact": "engine",
     "test_trained_draft_recommends_the_depth_it_measured": "engine",
     "test_training_pipeline_end_to_end": "engine",
+    "test_triton_request_noise_matches_torch": "engine",
     "test_triton_window_attention_matches_torch": "engine",
     "test_two_process_training_matches_one": "engine",
     "test_verify_applies_request_parameters_to_drafted_rows": "engine",

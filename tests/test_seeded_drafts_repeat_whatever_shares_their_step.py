@@ -10,8 +10,9 @@ target's distribution (test_sampling_distribution_matches_target.py)."""
 import torch
 from support.distribution_checks import chi2_critical, chi2_goodness_of_fit
 
-from vllm_sparrow.drafting.noise import ROWS_PER_CHUNK, RequestNoise
+from vllm_sparrow.drafting.noise import RequestNoise
 from vllm_sparrow.drafting.sampling import HeldQ, Sampled
+from vllm_sparrow_kernels.request_noise_ref import ROWS_PER_CHUNK
 
 VOCAB = 97
 

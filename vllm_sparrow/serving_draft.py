@@ -69,7 +69,11 @@ class ServingDraft:
     def profile(self, num_tokens: int, num_requests: int, num_draft: int, store: QStore | None = None) -> int:
         """vLLM's memory profile: the largest step, drafted as the engine drafts, every request
         sampled when a store keeps q (drafter.profile_step). Returns the packed rows run."""
-        sample = greedy if store is None else self.sampled(torch.ones(num_requests, device=self.drafter.device), store)
+        device = self.drafter.device
+        # keyed noise: its CPU path's hashing temporaries are the larger (the kernel has none)
+        noise = RequestNoise(torch.zeros(num_requests, dtype=torch.int64, device=device),
+                             torch.zeros(num_requests, dtype=torch.int64, device=device))
+        sample = greedy if store is None else self.sampled(torch.ones(num_requests, device=device), store, noise)
         return self.drafter.profile_step(num_tokens, num_requests, num_draft, self.drafting, sample)
 
     def release(self, req_ids) -> None:

@@ -357,24 +357,24 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout: float) -
     raise TimeoutError(f"vllm serve not healthy after {timeout}s:\n{log.read_text()[-4000:]}")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def plain_server(workdir, target_dirs):
     """The tiny target served without speculation, shared by the files of its unit."""
     return v1_server(workdir, target_dirs(SERVED_KIND), None)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def sparrow_server(workdir, target_dirs, trained_drafts):
     """The tiny target served with Sparrow and its trained draft, shared by the files of its unit."""
     return v1_server(workdir, target_dirs(SERVED_KIND), trained_drafts(SERVED_KIND))
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def v2_plain_server(workdir, target_dirs):
     return v2_server(workdir, target_dirs(SERVED_KIND), None)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def v2_sparrow_server(workdir, target_dirs, trained_drafts):
     return v2_server(workdir, target_dirs(SERVED_KIND), trained_drafts(SERVED_KIND))
 

@@ -156,7 +156,7 @@ UNIT_ORDER = ["ray", "quick_bench",
               "test_v2_runner_caption_respond_and_tune_match_the_v1_runner",
               "test_v2_runner_sampled_outputs_follow_the_targets_distribution",
               "test_v2_runner_demo_and_bench_match_the_v1_runner",
-              "test_v2_runner_greedy_outputs_are_the_targets",
+              "test_v2_runner_greedy_outputs_are_the_targets", "v2_servers",
               "test_v2_runner_pyav_loader_decodes_as_the_v1_codec_does"]
 KIND_ORDER = ["demo", "server", "engine", "v2_runner", "fast"]
 

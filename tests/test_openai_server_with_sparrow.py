@@ -1,20 +1,19 @@
 """`vllm serve TARGET --speculative-config '{"method": "sparrow", ...}'`: the real server on
-127.0.0.1, talked to with the `openai` client. Video (data: and file:// URLs), image, text and
-streaming requests are answered with speculation on, answers equal the target's own greedy
-output, bad input gets a 4xx naming the problem while the server keeps serving, and the
-Prometheus spec-decode counters move."""
+127.0.0.1, talked to with the `openai` client. Video (data: and file:// URLs), image and text
+requests are answered with speculation on, bad input gets a 4xx naming the problem while the
+server keeps serving, and the Prometheus spec-decode counters move. That answers, streamed or
+not, and many at once, equal the target's own (the server without speculation):
+test_request_parameters_behave_as_without_sparrow.py, on the same two servers."""
 
 import base64
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import openai
 import pytest
-from conftest import TRAINED_TEXTS, close_llm, make_llm
+from conftest import TRAINED_TEXTS
 from support.heavy_video import frames, peak_rss_mib
 from support.shared_servers import MAX_FRAMES
-from vllm import SamplingParams
 
 from sparrow_world.synthetic_clip import write_synthetic_clip
 
@@ -78,24 +77,6 @@ def test_video_image_and_text_chats_are_answered(server):
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()}}
     assert _ask(server, [image, {"type": "text", "text": "what is in the picture"}]).choices[0].message.content
     assert _ask(server, TRAINED_TEXTS[0]).usage.completion_tokens == MAX_TOKENS
-
-
-def test_streaming_returns_the_same_text(server):
-    content = [_video_part(_data_url(server["clip"])), {"type": "text", "text": "describe the video"}]
-    whole = _ask(server, content).choices[0].message.content
-    pieces = [c.choices[0].delta.content or "" for c in _ask(server, content, stream=True) if c.choices]
-    assert "".join(pieces) == whole
-
-
-def test_concurrent_answers_equal_the_targets_own_greedy_output(server):
-    prompts = TRAINED_TEXTS + ["a green triangle turns around", "what happens after the red square"]
-    with ThreadPoolExecutor(4) as pool:
-        served = list(pool.map(lambda p: _ask(server, p).choices[0].message.content, prompts))
-    llm = make_llm(server["target"])  # the target alone, in this process
-    chats = [[{"role": "user", "content": p}] for p in prompts]
-    reference = [o.outputs[0].text for o in llm.chat(chats, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))]
-    close_llm(llm)
-    assert served == reference
 
 
 @pytest.mark.parametrize("case", ["corrupt video", "truncated video", "file outside allowed path",

@@ -182,6 +182,11 @@ HELP = {
 # session took 1,433 s in the working tree three hours before, with the machine nearly idle, and
 # this stop's cuts explain ~130 lane-seconds of the difference; time a run with the machine left
 # to it, and compare runs of one sitting. The budgets: the larger of those two runs, plus ~15%.
+# Stop 67 added the request-parameter matrix (server, v2_runner) and the bfloat16 departures
+# (demo): at b532f17, 1,867 s in all (V1 1,204 s: fast 88, engine 1,235, server 333, demo 708;
+# V2 534 s: v2_runner 998); at d1b6426 (the matrix sent at once), 2,022 s (V1 1,375 s in a slow
+# phase, the unchanged tests 11-30% slower than the run before: fast 96, engine 1,355, server 396,
+# demo 857; V2 495 s: v2_runner 942). The budgets stay: the kinds they name are what to cut.
 BUDGET_S = {
     "fast": 105,
     "engine": 1300,

@@ -4,7 +4,7 @@ on to another unit (conftest's pytest_runtest_teardown), so the request-paramete
 Sparrow server's own tests and the local-media test start two servers between them, not four.
 
 A server is a dict: url, client (the `openai` client, no retries: a 5xx is not resent), model
-(the name requests give), target, pid, log, plus what its spec adds (clip)."""
+(the name requests give), target, pid, log, and clip (a 16-frame synthetic clip in its media folder)."""
 
 import contextlib
 import json
@@ -38,13 +38,18 @@ UNIT_SERVERS = UnitServers()
 
 
 @contextlib.contextmanager
-def _served(target: Path, args: list[str], log: Path, env: dict, **extra):
+def _served(target: Path, args: list[str], log: Path, env: dict, clip: Path, seed: int):
+    """The server, after writing its 16-frame synthetic clip (seed) where its media folder is."""
     import openai
     from conftest import vllm_server
 
+    from sparrow_world.synthetic_clip import write_synthetic_clip
+
+    clip.parent.mkdir(exist_ok=True)
+    write_synthetic_clip(clip, 16, seed=seed)
     with vllm_server(target, args, log, {"VLLM_CPU_KVCACHE_SPACE": "1", **env}) as (url, proc):
         yield dict(url=url, client=openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0),
-                   model=str(target), target=target, pid=proc.pid, log=log, **extra)
+                   model=str(target), target=target, pid=proc.pid, log=log, clip=clip)
 
 
 def v1_server(workdir: Path, target: Path, draft: Path | None) -> dict:
@@ -52,11 +57,8 @@ def v1_server(workdir: Path, target: Path, draft: Path | None) -> dict:
     decoded by the plugin's PyAV backend (8 frames); with `draft`, speculating with Sparrow and
     reading local media from `clip`'s folder. Without a draft no local media path is allowed
     (test_local_media_without_allowed_path_gets_a_400.py needs it missing)."""
-    from sparrow_world.synthetic_clip import write_synthetic_clip
-
     media = workdir / "server-media"
-    media.mkdir(exist_ok=True)
-    clip = write_synthetic_clip(media / "clip.mp4", 16, seed=7)
+    clip = media / "clip.mp4"  # written when the server starts (_served)
     args = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048",
             "--media-io-kwargs", json.dumps({"video": {"backend": "pyav", "num_frames": 8, "max_frames": MAX_FRAMES}}),
             "--limit-mm-per-prompt", json.dumps({"video": 1, "image": 1})]
@@ -67,7 +69,8 @@ def v1_server(workdir: Path, target: Path, draft: Path | None) -> dict:
         args += ["--speculative-config", json.dumps(spec), "--allowed-local-media-path", str(media),
                  "--per-request-spec-decode-metrics", "summary"]
     env = {"VLLM_MAX_IMAGE_PIXELS": str(MAX_FRAME_PIXELS)}
-    return UNIT_SERVERS.get(f"v1-{name}", lambda: _served(target, args, workdir / f"server-{name}.log", env, clip=clip))
+    return UNIT_SERVERS.get(f"v1-{name}", lambda: _served(target, args, workdir / f"server-{name}.log", env,
+                                                          clip=clip, seed=7))
 
 
 def v2_server(workdir: Path, target: Path, draft: Path | None) -> dict:
@@ -76,11 +79,8 @@ def v2_server(workdir: Path, target: Path, draft: Path | None) -> dict:
     with `draft`, speculating with Sparrow's probabilistic drafts."""
     from support.lossless_batch import sparrow_spec
 
-    from sparrow_world.synthetic_clip import write_synthetic_clip
-
     media = workdir / "v034-media"
-    media.mkdir(exist_ok=True)
-    clip = write_synthetic_clip(media / "clip.mp4", 16, seed=3)
+    clip = media / "clip.mp4"  # written when the server starts (_served)
     args = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048", "--allowed-local-media-path",
             str(media), "--media-io-kwargs", json.dumps({"video": {"backend": "opencv", "num_frames": 8}}),
             "--limit-mm-per-prompt", json.dumps({"video": 1, "image": 1})]
@@ -90,4 +90,4 @@ def v2_server(workdir: Path, target: Path, draft: Path | None) -> dict:
         spec = {**sparrow_spec(draft), "draft_sample_method": "probabilistic"}
         args += ["--speculative-config", json.dumps(spec)]
     return UNIT_SERVERS.get(f"v2-{name}", lambda: _served(target, args, workdir / f"v034-server-{name}.log", {},
-                                                          clip=clip))
+                                                          clip=clip, seed=3))

@@ -305,21 +305,22 @@ _WHY_BIAS = ("logit_bias and min_p were refused with speculative decoding (HTTP 
              "distribution")
 _BIAS_PARTS = ("verify-logit-bias-min-p", "verify-logits-processors", "verify-logit-bias-rows", "verify-min-p-rows")
 ROWS: tuple[Declared | Read, ...] = (
-    # two attributes, one fix: turning either off turns off both
+    # two attributes, one fix: turning either off turns off both; it gathers with mixed-logprobs'
+    # logprobs_per_request, so turning that off turns it off too
     Declared("verify-logprob-token-ids", f"{_RS}.RejectionSampler.forward", "fix", "any", _WHY,
-             _patch_verify_logprob_token_ids, needs=("verify-logprob-token-ids-rows",)),
+             _patch_verify_logprob_token_ids, needs=("verify-logprob-token-ids-rows", "mixed-logprobs")),
     Declared("verify-logprob-token-ids-rows", f"{_RS}.RejectionSampler._get_logprobs_tensors", "fix", "any",
              "the accepted tokens' logprobs gathered at the named ids (with verify-logprob-token-ids)",
-             _patch_verify_logprob_token_ids, needs=("verify-logprob-token-ids",)),
+             _patch_verify_logprob_token_ids, needs=("verify-logprob-token-ids", "mixed-logprobs")),
     Read(f"{_RS}.RejectionSampler.is_logits_logprobs_mode", "verify-logprob-token-ids",
          "logprobs reported as logits (vLLM's logprobs_mode)", "instance", needs=("verify-logprob-token-ids",)),
     Read(f"{_RS}.PLACEHOLDER_TOKEN_ID", "verify-logprob-token-ids", "a rejected position's token id", "class",
          needs=("verify-logprob-token-ids",)),
-    Read("vllm.v1.sample.ops.logprobs.batched_count_greater_than", "verify-logprob-token-ids",
-         "the sampled token's rank, as vLLM counts it", "class", needs=("verify-logprob-token-ids",)),
-    Read("vllm.v1.outputs.LogprobsTensors", "verify-logprob-token-ids",
-         "the logprobs handed to the output processor (ids, logprobs, ranks)", "class",
-         needs=("verify-logprob-token-ids",)),
+    # logprobs_per_request's reads: both fixes gather with it, and the verify one needs mixed-logprobs
+    Read("vllm.v1.sample.ops.logprobs.batched_count_greater_than", "mixed-logprobs, verify-logprob-token-ids",
+         "the sampled token's rank, as vLLM counts it", "class", needs=("mixed-logprobs",)),
+    Read("vllm.v1.outputs.LogprobsTensors", "mixed-logprobs, verify-logprob-token-ids",
+         "the logprobs handed to the output processor (ids, logprobs, ranks)", "class", needs=("mixed-logprobs",)),
     # two attributes, one fix
     Declared("mixed-logprobs", "vllm.v1.sample.sampler.Sampler.forward", "fix", "any", _WHY_MIXED,
              _patch_mixed_logprobs, needs=("mixed-logprobs-rows",)),
